@@ -1,0 +1,250 @@
+"""The training-side monitor: a ``TrainerCallback`` that streams every logged step into the run
+directory and through the detectors.
+
+Per logging step it normalises the metrics TRL passes to ``on_log``, adds the monitor's own
+(MoE routing, per-sample statistics), attaches the completions the reward tap recorded since the
+last log, runs the engine, and appends step, sample and finding records. Rank 0 writes the
+shared files; every rank writes its own samples. Any exception inside the monitor is logged once
+per component and the training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from callbacks.model_facts import model_facts
+from callbacks.reward_tap import _CORRECT_HINTS, _FORMAT_HINTS, RewardTap, guess_component
+from detectors.base import Detector, RunContext
+from monitor.engine import Engine
+from monitor.metrics import SUMMARY_KEYS, normalize_metrics
+from monitor.runlog import RunWriter, _jsonable
+
+logger = logging.getLogger("grpo_monitor")
+
+
+def library_versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("grpo-monitor", "trl", "transformers", "torch", "accelerate", "datasets", "numpy"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def sample_metrics(samples: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per-step statistics of this rank's completions that TRL does not log."""
+    if not samples:
+        return {}
+    out: dict[str, float] = {"samples/count": float(len(samples))}
+    correct = [s["length"] for s in samples if s.get("correct") is True]
+    wrong = [s["length"] for s in samples if s.get("correct") is False]
+    if correct:
+        out["samples/mean_length_correct"] = sum(correct) / len(correct)
+    if wrong:
+        out["samples/mean_length_incorrect"] = sum(wrong) / len(wrong)
+    if correct or wrong:
+        out["samples/correct_frac"] = len(correct) / (len(correct) + len(wrong))
+    return out
+
+
+class MonitorCallback(TrainerCallback):
+    def __init__(
+        self,
+        trainer: Any,
+        run_dir: str | os.PathLike[str],
+        detectors: Sequence[Detector] | None = None,
+        correctness_reward: str | None = None,
+        format_reward: str | None = None,
+        correct_threshold: float = 0.0,
+        parent_run: str | None = None,
+        moe_probe_every: int = 10,
+        max_text_chars: int = 2000,
+    ) -> None:
+        self.trainer = trainer
+        self.run_dir = Path(run_dir)
+        self.correct_threshold = correct_threshold
+        self.parent_run = parent_run
+        self.moe_probe_every = moe_probe_every
+        self.max_text_chars = max_text_chars
+        self.errors: dict[str, str] = {}
+        self.writer: RunWriter | None = None
+        self.router_tap: Any = None
+        self.last_step_written = -1
+        args = trainer.args
+        self.reward_names = list(getattr(trainer, "reward_func_names", []) or [])
+        self.correctness_reward = correctness_reward or guess_component(self.reward_names, _CORRECT_HINTS)
+        self.format_reward = format_reward or guess_component(self.reward_names, _FORMAT_HINTS)
+        self.context = RunContext(
+            config={},
+            model={},
+            reward_names=self.reward_names,
+            correctness_reward=self.correctness_reward,
+            format_reward=self.format_reward,
+            logging_steps=int(getattr(args, "logging_steps", 1) or 1),
+        )
+        self._detectors = detectors
+        self.engine: Engine | None = None
+        self.reward_tap = self._install_reward_tap()
+
+    # -- fault isolation -------------------------------------------------------------------
+
+    def report_error(self, component: str, exc: BaseException) -> None:
+        """Log a monitor fault once per component; the run is never interrupted by it."""
+        if component in self.errors:
+            return
+        self.errors[component] = f"{type(exc).__name__}: {exc}"
+        logger.warning("grpo-monitor: %s failed (%s: %s); training continues", component, type(exc).__name__, exc)
+        if self.writer is not None and component != "run log":
+            try:
+                self.writer.write({"type": "note", "step": None, "level": "warning",
+                                   "message": f"{component} failed: {type(exc).__name__}: {exc}"})
+            except Exception:
+                pass
+
+    def _guard(self, component: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self.report_error(component, exc)
+            return None
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _install_reward_tap(self) -> RewardTap | None:
+        trainer = self.trainer
+        funcs = getattr(trainer, "reward_funcs", None)
+        if not funcs:
+            return None
+        tokenizer = getattr(trainer, "_tokenizer", None) or getattr(trainer, "processing_class", None)
+        eos = list(getattr(trainer, "eos_token_ids", None) or [getattr(tokenizer, "eos_token_id", None)])
+        pad = getattr(tokenizer, "pad_token_id", None)
+        tap = RewardTap(
+            names=self.reward_names,
+            num_generations=getattr(trainer, "num_generations", None) or trainer.args.num_generations,
+            eos_and_pad=[*eos, pad],
+            process_index=getattr(trainer.args, "process_index", 0),
+            correctness_reward=self.correctness_reward,
+            correct_threshold=self.correct_threshold,
+            max_text_chars=self.max_text_chars,
+            on_error=self.report_error,
+        )
+        import torch.nn as nn
+
+        for i, (func, name) in enumerate(zip(list(funcs), self.reward_names)):
+            if isinstance(func, nn.Module) or hasattr(func, "__grpo_monitor_tap__"):
+                continue  # reward models are called on tokenized text, not completion ids
+            funcs[i] = tap.wrap(func, name)
+        return tap
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._guard("run log", self._begin, args, state, kwargs.get("model"))
+
+    def _begin(self, args: Any, state: Any, model: Any) -> None:
+        rank = int(getattr(args, "process_index", 0))
+        model = model if model is not None else self.trainer.model
+        facts = self._guard("model facts", model_facts, model) or {}
+        config = _jsonable(args.to_dict())
+        self.context.config = config
+        self.context.model = facts
+        self.engine = Engine(self.context, self._detectors, on_error=self.report_error)
+        self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0)
+        if state.is_world_process_zero:
+            self.writer.header(
+                run_id=uuid.uuid4().hex[:12],
+                start_time=time.time(),
+                versions=library_versions(),
+                config=config,
+                model=facts,
+                world_size=int(getattr(args, "world_size", 1)),
+                parent_run=self.parent_run,
+                reward_funcs=self.reward_names,
+                correctness_reward=self.correctness_reward,
+                format_reward=self.format_reward,
+                resumed_from_step=int(state.global_step),
+                argv=list(sys.argv),
+            )
+            if self.context.logging_steps > 1:
+                msg = (f"logging_steps={self.context.logging_steps}: metrics are averaged over "
+                       f"{self.context.logging_steps} steps, so detection is coarser; logging_steps=1 gives per-step detection")
+                logger.warning("grpo-monitor: %s", msg)
+                self.writer.write({"type": "note", "step": int(state.global_step), "level": "info", "message": msg})
+        if facts.get("is_moe"):
+            self._guard("router tap", self._install_router_tap, model)
+
+    def _install_router_tap(self, model: Any) -> None:
+        from callbacks.router_tap import RouterTap
+
+        tap = RouterTap.for_model(model, probe_every=self.moe_probe_every)
+        if tap is None:
+            return
+        if tap.message:
+            logger.info("grpo-monitor: %s", tap.message)
+        tap.install()
+        self.router_tap = tap
+
+    # -- per step -------------------------------------------------------------------------
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs:
+            self._guard("step record", self._log, state, dict(logs))
+
+    def _log(self, state: Any, logs: dict[str, Any]) -> None:
+        step = int(state.global_step)
+        writer = self.writer
+        if writer is None:
+            return
+        if SUMMARY_KEYS & logs.keys():
+            writer.write({"type": "summary", "step": step, "metrics": normalize_metrics(logs)})
+            return
+        metrics = normalize_metrics(logs)
+        samples = self._guard("reward tap", self.reward_tap.drain, step) if self.reward_tap else None
+        samples = samples or []
+        if samples:
+            self._guard("samples", writer.samples, samples)
+            metrics.update(sample_metrics(samples))
+        record: dict[str, Any] = {"type": "step", "step": step, "time": time.time(), "metrics": metrics}
+        if self.router_tap is not None:
+            moe = self._guard("router tap", self.router_tap.collect, step)
+            if moe:
+                metrics.update(moe)
+                loads = getattr(self.router_tap, "layer_loads", None)
+                if loads:
+                    record["moe_load"] = loads
+        findings = self.engine.update(step, metrics, samples) if self.engine is not None else []
+        if self.engine is not None:
+            record["detectors"] = {k: v["state"] for k, v in self.engine.states().items()}
+        if state.is_world_process_zero:
+            writer.write(record, *({"type": "finding", **f.to_dict()} for f in findings))
+            for f in findings:
+                logger.warning("grpo-monitor: [%s] %s at step %d: %s", f.severity, f.detector, f.step, f.message)
+        self.last_step_written = step
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.router_tap is not None:
+            self._guard("router tap", self.router_tap.remove)
+            self.router_tap = None
+        if self.writer is not None:
+            self._guard("run log", self.writer.close)
+            self.writer = None
+
+
+def finite_or_none(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None

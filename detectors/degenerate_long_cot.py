@@ -1,0 +1,227 @@
+"""Degenerate long chain-of-thought: entropy explodes while completions run into the length cap.
+
+DAPO §3.3/§4.3: with a sample-level loss, long samples fill with gibberish and repetition; entropy
+and length rise together, completions pile up at ``max_completion_length``
+(``completions/clipped_ratio`` -> 1) and the reward falls. Everything is measured against the
+run's own baseline: a run that sits at the cap from step 1 (a random-init model) is not degenerating.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
+from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from detectors.signals import CorrectnessSource, EntropyTrack, LevelTrack, get, sample_length
+from detectors.stats import Window, median, rounded
+from detectors.variants import EXTRA_ADVICE
+
+
+def repeated_ngram_share(text: str, n: int = 4, max_words: int = 2000) -> float | None:
+    """Share of word n-grams that repeat an earlier n-gram of the same text (0 = none repeated).
+
+    >>> repeated_ngram_share("a b c d a b c d a b c d")
+    0.556
+    >>> repeated_ngram_share("one two three four five six")
+    0.0
+    """
+    words = text.split()[-max_words:]
+    if len(words) < n + 1:
+        return None
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return round(1.0 - len(set(grams)) / len(grams), 3)
+
+
+def long_completion_repetition(samples: Sequence[Sample], max_samples: int = 256) -> float | None:
+    """Mean repeated-n-gram share over the longer half (or the truncated) completions of a batch."""
+    rows = [s for s in list(samples)[:max_samples] if isinstance(s, Mapping) and isinstance(s.get("completion"), str)]
+    if len(rows) < 2:
+        return None
+    lengths = [sample_length(s) or 0.0 for s in rows]
+    cut = median(lengths)
+    long_rows = [s for s, L in zip(rows, lengths) if L >= cut or s.get("truncated") is True]
+    shares = [repeated_ngram_share(s["completion"]) for s in long_rows]
+    shares = [x for x in shares if x is not None]
+    return sum(shares) / len(shares) if shares else None
+
+
+class DegenerateLongCot(EpisodeDetector):
+    """Entropy well above its baseline with length and truncation rising and reward falling.
+
+    Parameters: ``entropy_ratio`` (entropy at or above this multiple of the baseline counts as
+    exploding), ``clip_rise`` (rise of the truncated share over its baseline), ``cap_fraction``
+    (mean length within this share of ``max_completion_length`` counts as at the cap),
+    ``reward_drop`` (relative fall of correctness below its baseline), ``settle_half``/``settle_tol``.
+
+    >>> det = DegenerateLongCot()
+    >>> det.start(RunContext(config={"max_completion_length": 512}))
+    >>> found = []
+    >>> for step in range(1, 121):
+    ...     bad = step > 80
+    ...     found += det.update(step, {"entropy": 2.5 if bad else 0.3, "completions/mean_length": 500 if bad else 200,
+    ...                                "completions/clipped_ratio": 0.9 if bad else 0.02, "reward": 0.05 if bad else 0.6})
+    >>> [(f.severity, f.step, f.variant) for f in found]
+    [('warning', 82, 'dapo'), ('critical', 83, 'dapo')]
+    """
+
+    id = "degenerate_long_cot"
+    variant = "dapo"
+
+    def __init__(
+        self,
+        entropy_ratio: float = 2.0,
+        clip_rise: float = 0.3,
+        cap_fraction: float = 0.85,
+        reward_drop: float = 0.3,
+        settle_half: int = 3,
+        settle_tol: float = 0.3,
+    ) -> None:
+        self.entropy_ratio = check_float("entropy_ratio", entropy_ratio, 1.0, 1e6, low_open=True)
+        self.clip_rise = check_float("clip_rise", clip_rise, 0.0, 1.0, low_open=True)
+        self.cap_fraction = check_float("cap_fraction", cap_fraction, 0.0, 1.0, low_open=True)
+        self.reward_drop = check_float("reward_drop", reward_drop, 0.0, 1.0, low_open=True, high_open=True)
+        self.settle_half = check_int("settle_half", settle_half, 1)
+        self.settle_tol = check_float("settle_tol", settle_tol, 0.0, 5.0, low_open=True)
+        super().__init__()
+
+    def _reset_state(self) -> None:
+        h = self.settle_half
+        self.entropy = EntropyTrack(window=16, half=h, tol=self.settle_tol)
+        self.length = LevelTrack(window=16, half=h, tol=self.settle_tol)
+        self.clipped = LevelTrack(window=16, half=h, tol=10.0, positive=False)
+        self.correct = LevelTrack(window=16, half=h, tol=10.0, positive=False)
+        self.repetition = LevelTrack(window=16, half=h, tol=10.0, positive=False)
+        self.correctness = CorrectnessSource(self.context)
+        self._gaps: deque[int] = deque(maxlen=5)
+        self._last_step: int | None = None
+        self._saw_entropy = False
+        cap = (self.context.config or {}).get("max_completion_length")
+        self.cap = float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
+        self.flags = Window(16)
+
+    def _persist_points(self) -> int:
+        if not self._gaps:
+            return 3
+        return 3 if median(list(self._gaps)) <= 2 else 2
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        if self._last_step is not None and step > self._last_step:
+            self._gaps.append(step - self._last_step)
+        self._last_step = step
+        h = self.entropy.push_metrics(step, metrics)
+        self._saw_entropy = self._saw_entropy or h is not None
+        L = get(metrics, "completions/mean_length")
+        if L is not None and L > 0:
+            self.length.push(step, L)
+        c = get(metrics, "completions/clipped_ratio")
+        if c is not None:
+            self.clipped.push(step, c)
+        r = self.correctness.value(metrics)
+        if r is not None:
+            self.correct.push(step, r)
+        rep = long_completion_repetition(samples) if samples else None
+        if rep is not None:
+            self.repetition.push(step, rep)
+        if h is None and L is None and c is None:
+            return None
+        if self._saw_entropy and not self.entropy.ready:
+            return Assessment(warming_up=True)
+        if not (self.length.ready or self.clipped.ready):
+            return Assessment(warming_up=True)
+        return self._judge(step)
+
+    def _judge(self, step: int) -> Assessment:
+        k = self._persist_points()
+        relax = 0.75 if self.in_episode else 1.0
+        ev: dict[str, Any] = {"persist_points": k}
+        signals: list[str] = []
+        entropy_up = False
+        if self.entropy.ready:
+            ratio = self.entropy.ratio(k) or 0.0
+            ev["entropy"] = {"recent": rounded(self.entropy.recent(k)), "baseline": rounded(self.entropy.base),
+                             "ratio": rounded(ratio, 3), "threshold_ratio": self.entropy_ratio}
+            entropy_up = ratio >= 1.0 + (self.entropy_ratio - 1.0) * relax
+            if entropy_up:
+                signals.append("entropy_up")
+        length_up = False
+        if self.length.ready:
+            Lr = self.length.recent(k) or 0.0
+            Lb = self.length.base or 0.0
+            ev["mean_length"] = {"recent": rounded(Lr), "baseline": rounded(Lb), "max_completion_length": self.cap}
+            if self.cap:
+                base_gap = max(self.cap - Lb, 1.0)
+                # Closed at least half of the distance to the cap, and now near it.
+                length_up = Lr >= Lb + 0.5 * base_gap * relax and Lr >= self.cap * self.cap_fraction * relax
+            else:
+                length_up = Lr >= 1.3 * Lb
+            if length_up:
+                signals.append("length_to_cap")
+        clip_up = False
+        if self.clipped.ready:
+            cr = self.clipped.recent(k) or 0.0
+            cb = self.clipped.base or 0.0
+            need = cb + max(self.clip_rise * relax, 0.5 * (1 - cb) * relax)
+            ev["clipped_ratio"] = {"recent": rounded(cr), "baseline": rounded(cb), "threshold": rounded(min(need, 1.0))}
+            clip_up = cr >= min(need, 0.999)
+            if clip_up:
+                signals.append("truncation_up")
+        reward_down = False
+        if self.correct.ready:
+            rr = self.correct.recent(k)
+            rb = self.correct.base
+            spread = max(self.correct.baseline.spread or 0.0, 1e-6)
+            if rr is not None and rb is not None:
+                drop = rb - rr
+                ev["correctness"] = {"metric": self.correctness.key, "recent": rounded(rr), "baseline": rounded(rb)}
+                reward_down = drop > max(self.reward_drop * abs(rb), 2 * spread) * relax
+                if reward_down:
+                    signals.append("reward_down")
+        if self.repetition.ready:
+            pr, pb = self.repetition.recent(k), self.repetition.base
+            ev["repeated_ngram_share"] = {"recent": rounded(pr), "baseline": rounded(pb)}
+            if pr is not None and pb is not None and pr >= pb + 0.2:
+                signals.append("repetition")
+        growth = length_up or clip_up
+        if self.entropy.ready:
+            warn = entropy_up and growth
+            crit = entropy_up and growth and (reward_down or "repetition" in signals) and (length_up or clip_up)
+        else:
+            # Without entropy (older logs) every other symptom must agree.
+            warn = length_up and clip_up and reward_down
+            crit = warn and "repetition" in signals
+        ev["signals"] = signals
+        ev["extra_advice"] = dict(EXTRA_ADVICE["dapo"])
+        if self.cap:
+            ev["extra_advice"]["reward_funcs"] = (
+                f"+trl.rewards.get_soft_overlong_punishment(max_completion_len={int(self.cap)}, "
+                f"soft_punish_cache={max(1, int(self.cap) // 4)})"
+            )
+        level = 2 if (crit and (self.episode_len >= 1 or len(signals) >= 4)) else (1 if warn or crit else 0)
+        onset = None
+        if level:
+            onset = self._onset()
+        return Assessment(level=level, evidence=ev, onset_step=onset)
+
+    def _onset(self) -> int | None:
+        track = self.entropy if self.entropy.ready else self.clipped
+        base = track.base or 0.0
+        onset = None
+        for s, v in zip(reversed(track.window.steps), reversed(track.window.values)):
+            if track is self.entropy and v < 1.5 * base:
+                break
+            if track is self.clipped and v < base + 0.15:
+                break
+            onset = s
+        return onset
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        sig = ", ".join(s.replace("_", " ") for s in evidence.get("signals", []))
+        lead = "Completions have degenerated" if severity == "critical" else "Completions are degenerating"
+        return (
+            f"{lead} into long, high-entropy text ({sig}). Switch to DAPO with token-level loss and "
+            "mask_truncated_completions=True, and add the soft overlong punishment reward "
+            "(trl.rewards.get_soft_overlong_punishment)."
+        )
+

@@ -1,0 +1,287 @@
+"""Entropy collapse: the policy turns deterministic and stops exploring (DAPO §3.1).
+
+Entropy is compared with the run's own baseline, taken once the normal early drop has settled
+(healthy runs spend most of their entropy early), never with an absolute threshold. A collapse is
+entropy far below that baseline for several logged points, or still falling significantly,
+corroborated by a loss of diversity: more groups with identical rewards, a shrinking within-group
+reward spread, near-identical completions within groups, or stalled correctness.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from detectors.base import Metrics, Sample
+from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from detectors.signals import CorrectnessSource, EntropyTrack, get, groups_of
+from detectors.stats import Window, mann_kendall, median, rounded
+
+
+def duplicate_share(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
+    """Mean over groups of the share of completions that repeat another one in their group."""
+    groups = groups_of(samples, max_samples)
+    shares = []
+    for rows in groups.values():
+        texts = [" ".join(str(r.get("completion", "")).split()) for r in rows if r.get("completion") is not None]
+        if len(texts) < 2:
+            continue
+        shares.append(1.0 - len(set(texts)) / len(texts))
+    return sum(shares) / len(shares) if shares else None
+
+
+class _Corroborator:
+    """A metric compared with its own value while the entropy baseline was being set."""
+
+    def __init__(self, half: int) -> None:
+        self.recent = Window(2 * half)
+        self.base: float | None = None
+        self.half = half
+
+    def push(self, step: int, v: float, freeze_from: int | None) -> None:
+        self.recent.push(step, v)
+        if self.base is None and freeze_from is not None and len(self.recent) >= self.half:
+            self.base = median(list(self.recent.values))
+
+    def freeze(self, first_step: int) -> None:
+        vals = [v for s, v in zip(self.recent.steps, self.recent.values) if s >= first_step]
+        if vals and self.base is None:
+            self.base = median(vals)
+
+    def level(self, k: int) -> float | None:
+        return self.recent.recent_median(k) if len(self.recent) else None
+
+
+class EntropyCollapse(EpisodeDetector):
+    """Entropy far below the run's settled baseline, corroborated by a loss of diversity.
+
+    Parameters: ``drop_ratio`` (entropy at or below this share of the baseline counts as far
+    below), ``trend_ratio`` with ``alpha`` (a significant downward trend below this share also
+    counts when diversity is lost), ``settle_half``/``settle_tol``/``max_settle_points`` (how the
+    post-transient baseline is found), ``window`` (trend window, points).
+
+    >>> det = EntropyCollapse()
+    >>> found = []
+    >>> for step in range(1, 201):
+    ...     collapsed = step > 100
+    ...     m = {"entropy": 0.4 if not collapsed else 0.4 * 0.9 ** (step - 100),
+    ...          "frac_reward_zero_std": 0.05 if not collapsed else 0.9, "reward_std": 0.4,
+    ...          "reward": 0.5}
+    ...     found += det.update(step, m)
+    >>> [(f.severity, f.variant) for f in found]
+    [('warning', 'dapo'), ('critical', 'dapo')]
+    >>> 100 < found[0].step < 120
+    True
+    """
+
+    id = "entropy_collapse"
+    variant = "dapo"
+
+    def __init__(
+        self,
+        drop_ratio: float = 0.25,
+        trend_ratio: float = 0.5,
+        alpha: float = 0.01,
+        settle_half: int = 3,
+        settle_tol: float = 0.3,
+        max_settle_points: int = 30,
+        window: int = 48,
+    ) -> None:
+        self.drop_ratio = check_float("drop_ratio", drop_ratio, 0.0, 1.0, low_open=True, high_open=True)
+        self.trend_ratio = check_float("trend_ratio", trend_ratio, 0.0, 1.0, low_open=True, high_open=True)
+        if self.trend_ratio < self.drop_ratio:
+            raise ValueError("trend_ratio must be >= drop_ratio")
+        self.alpha = check_float("alpha", alpha, 0.0, 0.5, low_open=True)
+        self.settle_half = check_int("settle_half", settle_half, 1)
+        self.settle_tol = check_float("settle_tol", settle_tol, 0.0, 5.0, low_open=True)
+        self.max_settle_points = check_int("max_settle_points", max_settle_points, 2 * settle_half)
+        self.window = check_int("window", window, 8)
+        super().__init__()
+
+    def _reset_state(self) -> None:
+        h = self.settle_half
+        self.entropy = EntropyTrack(window=self.window, half=h, tol=self.settle_tol, max_points=self.max_settle_points)
+        self.zero_std = _Corroborator(h)
+        self.reward_std = _Corroborator(h)
+        self.dup = _Corroborator(h)
+        self.correct = Window(self.window)
+        self.correct_base: float | None = None
+        self.correctness = CorrectnessSource(self.context)
+        # (entropy, correctness) pairs for the R = -a exp(H) + b fit; thinned by halving when full.
+        self.pairs: list[tuple[float, float]] = []
+        self._pair_stride = 1
+        self._pair_count = 0
+        self._gaps: deque[int] = deque(maxlen=5)
+        self._last_step: int | None = None
+
+    def _persist_points(self) -> int:
+        # Coarse logs (every 5-10 steps) already average out one-step spikes: two points suffice.
+        if not self._gaps:
+            return 3
+        return 3 if median(list(self._gaps)) <= 2 else 2
+
+    def _add_pair(self, h: float, r: float) -> None:
+        self._pair_count += 1
+        if self._pair_count % self._pair_stride:
+            return
+        self.pairs.append((h, r))
+        if len(self.pairs) >= 256:
+            self.pairs = self.pairs[::2]
+            self._pair_stride *= 2
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        if self._last_step is not None and step > self._last_step:
+            self._gaps.append(step - self._last_step)
+        self._last_step = step
+        freeze_from = self.entropy.base_step
+        h = self.entropy.push_metrics(step, metrics)
+        if self.entropy.base_step is not None and freeze_from is None:
+            first = self.entropy.window.steps[max(0, len(self.entropy.window) - 2 * self.settle_half)]
+            for c in (self.zero_std, self.reward_std, self.dup):
+                c.freeze(first)
+            vals = [v for s, v in zip(self.correct.steps, self.correct.values) if s >= first]
+            if vals:
+                self.correct_base = median(vals)
+        frozen = self.entropy.base_step
+        fz = get(metrics, "frac_reward_zero_std")
+        if fz is not None:
+            self.zero_std.push(step, fz, frozen)
+        rs = get(metrics, "reward_std")
+        if rs is not None:
+            self.reward_std.push(step, rs, frozen)
+        dup = duplicate_share(samples) if samples else None
+        if dup is not None:
+            self.dup.push(step, dup, frozen)
+        r = self.correctness.value(metrics)
+        if r is not None:
+            self.correct.push(step, r)
+            if self.correct_base is None and frozen is not None and len(self.correct) >= self.settle_half:
+                self.correct_base = median(self.correct.last(2 * self.settle_half))
+            if h is not None:
+                self._add_pair(h, r)
+        if h is None:
+            return None
+        if not self.entropy.ready:
+            return Assessment(warming_up=True, evidence={"entropy": rounded(h), "points": self.entropy.baseline.n})
+        return self._judge(step, h)
+
+    def _judge(self, step: int, h: float) -> Assessment:
+        k = self._persist_points()
+        base = self.entropy.base or 0.0
+        ratio = self.entropy.ratio(k) or 1.0
+        last = h / base if base > 0 else 1.0
+        threshold = self.drop_ratio * (1.4 if self.in_episode else 1.0)
+        strong_drop = ratio <= threshold and last <= threshold * 1.5
+        ev: dict[str, Any] = {
+            "entropy": rounded(h),
+            "entropy_recent_median": rounded(self.entropy.recent(k)),
+            "baseline": rounded(base),
+            "baseline_step": self.entropy.base_step,
+            "ratio_to_baseline": rounded(ratio, 3),
+            "threshold_ratio": self.drop_ratio,
+            "persist_points": k,
+        }
+        falling = False
+        if ratio <= self.trend_ratio:
+            vals = [math.log(max(v, 1e-9)) for s, v in zip(self.entropy.window.steps, self.entropy.window.values)
+                    if s > (self.entropy.base_step or 0)]
+            if len(vals) >= 6:
+                mk = mann_kendall(vals[-self.window:])
+                ev["trend"] = mk.as_evidence()
+                falling = mk.p_down < self.alpha
+        corroborators = self._corroborators(k, ev)
+        diversity = [c for c in corroborators if c != "correctness_stalled"]
+        level = 0
+        if (strong_drop and corroborators) or (falling and diversity):
+            level = 1
+            if strong_drop and len(corroborators) >= 2 and diversity and self.episode_len >= 1:
+                level = 2
+        ev["corroborated_by"] = corroborators
+        ev["window_points"] = len(self.entropy.window)
+        onset = None
+        if level:
+            onset = self._onset(base)
+            fit = self._fit()
+            if fit:
+                ev["entropy_performance_fit"] = fit
+        return Assessment(level=level, evidence=ev, onset_step=onset)
+
+    def _corroborators(self, k: int, ev: dict[str, Any]) -> list[str]:
+        out = []
+        zb, zr = self.zero_std.base, self.zero_std.level(k)
+        if zb is not None and zr is not None:
+            need = zb + max(0.2, 0.5 * (1.0 - zb))
+            ev["frac_reward_zero_std"] = {"recent": rounded(zr), "baseline": rounded(zb), "threshold": rounded(need)}
+            if zr >= need:
+                out.append("frac_reward_zero_std_up")
+        sb, sr = self.reward_std.base, self.reward_std.level(k)
+        if sb is not None and sr is not None and sb > 0:
+            ev["reward_std"] = {"recent": rounded(sr), "baseline": rounded(sb), "threshold": rounded(0.5 * sb)}
+            if sr <= 0.5 * sb:
+                out.append("reward_std_down")
+        db, dr = self.dup.base, self.dup.level(k)
+        if db is not None and dr is not None:
+            ev["identical_completions_share"] = {"recent": rounded(dr), "baseline": rounded(db)}
+            if dr >= db + 0.3:
+                out.append("identical_completions")
+        if self.correct_base is not None and len(self.correct) >= 6:
+            vals = self.correct.last(min(len(self.correct), 24))
+            mk = mann_kendall(vals)
+            recent = median(vals[-k:])
+            ev["correctness"] = {"metric": self.correctness.key, "recent": rounded(recent), "baseline": rounded(self.correct_base),
+                                 "p_up": rounded(mk.p_up, 3)}
+            if mk.p_up > 0.1:
+                out.append("correctness_stalled")
+        return out
+
+    def _onset(self, base: float) -> int | None:
+        # The change began at the first point of the trailing run below half the baseline.
+        onset = None
+        for s, v in zip(reversed(self.entropy.window.steps), reversed(self.entropy.window.values)):
+            if v > 0.5 * base:
+                break
+            onset = s
+        return onset
+
+    def _fit(self) -> dict[str, Any] | None:
+        """Fit R = -a exp(H) + b on (entropy, correctness) pairs; None where it is not meaningful."""
+        if len(self.pairs) < 8:
+            return None
+        hs = [p[0] for p in self.pairs]
+        rs = [p[1] for p in self.pairs]
+        if max(hs) - min(hs) < 0.05 or max(rs) - min(rs) <= 0:
+            return None
+        try:
+            import numpy as np
+            from scipy.optimize import curve_fit
+
+            H = np.asarray(hs)
+            R = np.asarray(rs)
+            # Center exp(H) to keep the fit well conditioned across entropy scales (0.05 to 6+ nats).
+            h0 = float(H.max())
+            (a, b), _ = curve_fit(lambda x, a, b: -a * np.exp(x - h0) + b, H, R, p0=(0.1, float(R.mean())), maxfev=2000)
+            a_eff = float(a) * math.exp(-h0)
+            ceiling = float(b) - a_eff
+            if not (math.isfinite(a_eff) and math.isfinite(ceiling)) or a_eff <= 0:
+                return None
+            return {"a": rounded(a_eff), "b": rounded(float(b)), "predicted_ceiling": rounded(ceiling),
+                    "pairs": len(self.pairs), "model": "R = -a*exp(H) + b"}
+        except Exception:
+            return None
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        ratio = evidence.get("ratio_to_baseline") or 0.0
+        why = ", ".join(str(c).replace("_", " ") for c in evidence.get("corroborated_by", [])) or "a steady fall"
+        fit = evidence.get("entropy_performance_fit")
+        ceiling = f" The entropy-performance fit predicts a ceiling of {fit['predicted_ceiling']} for correctness." if fit else ""
+        lead = "Entropy has collapsed" if severity == "critical" else "Entropy is collapsing"
+        cfg = self.context.config or {}
+        off_policy_note = ""
+        if cfg and (cfg.get("num_iterations", 1) or 1) <= 1 and (cfg.get("steps_per_generation") in (None, cfg.get("gradient_accumulation_steps"))):
+            off_policy_note = " Clip-higher only acts off-policy: also raise steps_per_generation above gradient_accumulation_steps."
+        return (
+            f"{lead}: it is at {ratio:.0%} of the run's settled baseline ({evidence.get('baseline')} nats), with {why}."
+            f" Switch to DAPO (decoupled clip bounds, no KL) to keep exploring.{ceiling}{off_policy_note}"
+        )

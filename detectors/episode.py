@@ -1,0 +1,121 @@
+"""Episodes: the warning/critical state machine every failure detector shares.
+
+A subclass assesses each step and returns a level (0 healthy, 1 first evidence, 2 corroborated and
+persistent) with its evidence; this class turns levels into findings: one finding per severity per
+episode (a warning may later escalate to a critical), an episode ends only after ``clear_after``
+healthy assessments in a row (hysteresis), and a new episode may then raise again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from detectors.base import Detector, Finding, Metrics, Sample
+from detectors.variants import preset
+
+STATES = ("warming_up", "ok", "warning", "critical")
+
+
+@dataclasses.dataclass
+class Assessment:
+    """What a detector concluded at one step."""
+
+    level: int = 0
+    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
+    onset_step: int | None = None
+    warming_up: bool = False
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_float(name: str, value: Any, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    bad_low = v <= low if low_open else v < low
+    bad_high = v >= high if high_open else v > high
+    if v != v or bad_low or bad_high:
+        lb = "(" if low_open else "["
+        hb = ")" if high_open else "]"
+        raise ValueError(f"{name} must be in {lb}{low}, {high}{hb}, got {value!r}")
+    return v
+
+
+class EpisodeDetector(Detector):
+    """Base of the warning/critical detectors; subclasses implement ``_assess`` and ``_message``."""
+
+    clear_after: int = 3
+
+    def _reset(self) -> None:
+        self.state = "warming_up"
+        self.last_evidence: dict[str, Any] = {}
+        self.in_episode = False
+        self.episode_start: int | None = None
+        self.episode_len = 0
+        self._emitted = 0
+        self._healthy_run = 0
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        """Build the subclass's own mutable state."""
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        raise NotImplementedError
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        raise NotImplementedError
+
+    def _overrides(self) -> dict[str, Any]:
+        return preset(self.variant, self.context.config)
+
+    def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
+        if not isinstance(metrics, Mapping):
+            metrics = {}
+        a = self._assess(step, metrics, samples)
+        if a is None:
+            return []
+        self.last_evidence = a.evidence
+        if a.warming_up and not self.in_episode:
+            self.state = "warming_up"
+            return []
+        findings: list[Finding] = []
+        if a.level >= 1:
+            self._healthy_run = 0
+            if not self.in_episode:
+                self.in_episode = True
+                self.episode_start = a.onset_step if a.onset_step is not None else step
+                self.episode_len = 0
+            self.episode_len += 1
+            if a.level > self._emitted:
+                severity = "critical" if a.level >= 2 else "warning"
+                self._emitted = a.level
+                findings.append(
+                    Finding(
+                        detector=self.id,
+                        severity=severity,
+                        step=step,
+                        onset_step=self.episode_start,
+                        variant=self.variant,
+                        config_overrides=self._overrides(),
+                        evidence=dict(a.evidence),
+                        message=self._message(severity, a.evidence),
+                    )
+                )
+            self.state = "critical" if self._emitted >= 2 else "warning"
+        elif self.in_episode:
+            self._healthy_run += 1
+            if self._healthy_run >= self.clear_after:
+                self.in_episode = False
+                self.episode_start = None
+                self.episode_len = 0
+                self._emitted = 0
+                self.state = "ok"
+        else:
+            self.state = "ok"
+        return findings

@@ -1,0 +1,238 @@
+"""Length-reward coupling: completions keep growing while correctness does not (Dr. GRPO).
+
+GRPO's length normalisation (and the std scaling of advantages) lets a run keep producing longer
+responses after the reward improvement has slowed; incorrect responses grow longest (Dr. GRPO,
+arXiv 2503.20783). Singhal et al. (arXiv 2310.03716) measure how much of the "progress" is length:
+the within-group correlation of length and reward, and the reward gain left once length is
+accounted for. Length and correctness rising together is learning, not coupling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from detectors.base import Metrics, Sample
+from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from detectors.signals import CorrectnessSource, EntropyTrack, LevelTrack, get, groups_of, sample_length, sample_reward
+from detectors.stats import Window, mann_kendall, median, pearson, rounded, theil_sen
+
+
+def within_group_length_reward_corr(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
+    """Mean Pearson correlation of completion length and total reward within each group."""
+    cors = []
+    for rows in groups_of(samples, max_samples).values():
+        pairs = [(sample_length(r), sample_reward(r)) for r in rows]
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        if len(pairs) < 3:
+            continue
+        c = pearson([a for a, _ in pairs], [b for _, b in pairs])
+        if c is not None:
+            cors.append(c)
+    return sum(cors) / len(cors) if cors else None
+
+
+class LengthRewardCoupling(EpisodeDetector):
+    """Mean completion length trending up significantly while correctness stalls.
+
+    Parameters: ``alpha`` (one-sided significance of the length trend), ``stall_alpha``
+    (correctness counts as stalled when its own upward trend has a p-value above this),
+    ``min_growth`` (relative length growth across the trend window), ``level_ratio`` (recent
+    length over the settled baseline), ``span_steps`` (trend window in training steps, so coarse
+    and fine logs agree), ``min_points``/``max_points`` (bounds of that window in logged points),
+    ``corr_threshold`` (within-group length-reward correlation that counts as length-driven reward).
+
+    >>> det = LengthRewardCoupling()
+    >>> found = []
+    >>> for step in range(1, 201):
+    ...     L = 200 if step < 60 else 200 + 5 * (step - 60)
+    ...     acc = 0.4 + 0.002 * (step % 7)
+    ...     found += det.update(step, {"completions/mean_length": L, "rewards/accuracy/mean": acc, "reward": acc})
+    >>> [(f.severity, f.variant) for f in found]
+    [('warning', 'dr_grpo'), ('critical', 'dr_grpo')]
+    >>> found[0].config_overrides
+    {'loss_type': 'dr_grpo', 'scale_rewards': 'none', 'beta': 0.0}
+    """
+
+    id = "length_reward_coupling"
+    variant = "dr_grpo"
+
+    def __init__(
+        self,
+        alpha: float = 0.01,
+        stall_alpha: float = 0.1,
+        min_growth: float = 0.2,
+        level_ratio: float = 1.25,
+        span_steps: int = 60,
+        min_points: int = 6,
+        max_points: int = 40,
+        corr_threshold: float = 0.3,
+    ) -> None:
+        self.alpha = check_float("alpha", alpha, 0.0, 0.5, low_open=True)
+        self.stall_alpha = check_float("stall_alpha", stall_alpha, 0.0, 1.0, low_open=True, high_open=True)
+        self.min_growth = check_float("min_growth", min_growth, 0.0, 100.0, low_open=True)
+        self.level_ratio = check_float("level_ratio", level_ratio, 1.0, 100.0, low_open=True)
+        self.span_steps = check_int("span_steps", span_steps, 1)
+        self.min_points = check_int("min_points", min_points, 4)
+        self.max_points = check_int("max_points", max_points, min_points)
+        self.corr_threshold = check_float("corr_threshold", corr_threshold, -1.0, 1.0)
+        super().__init__()
+
+    def _reset_state(self) -> None:
+        self.length = LevelTrack(window=self.max_points, half=3, tol=0.3)
+        self.correct = Window(self.max_points)
+        self.reward = Window(self.max_points)
+        self.correctness = CorrectnessSource(self.context)
+        self.entropy = EntropyTrack(window=8, half=3, tol=0.3)
+        self.clipped = Window(8)
+        self.corr = Window(self.max_points)
+        self.len_correct = Window(self.max_points)
+        self.len_incorrect = Window(self.max_points)
+        self._gaps: deque[int] = deque(maxlen=5)
+        self._last_step: int | None = None
+
+    def _persist_points(self) -> int:
+        if not self._gaps:
+            return 3
+        return 3 if median(list(self._gaps)) <= 2 else 2
+
+    def _push_samples(self, step: int, samples: Sequence[Sample]) -> None:
+        c = within_group_length_reward_corr(samples)
+        if c is not None:
+            self.corr.push(step, c)
+        good, bad = [], []
+        for s in list(samples)[:1024]:
+            if not isinstance(s, Mapping):
+                continue
+            L = sample_length(s)
+            ok = self.correctness.sample_value(s)
+            if L is None or ok is None:
+                continue
+            (good if ok > 0.5 else bad).append(L)
+        if good:
+            self.len_correct.push(step, sum(good) / len(good))
+        if bad:
+            self.len_incorrect.push(step, sum(bad) / len(bad))
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        if self._last_step is not None and step > self._last_step:
+            self._gaps.append(step - self._last_step)
+        self._last_step = step
+        self.entropy.push_metrics(step, metrics)
+        c = get(metrics, "completions/clipped_ratio")
+        if c is not None:
+            self.clipped.push(step, c)
+        r = self.correctness.value(metrics)
+        if r is not None:
+            self.correct.push(step, r)
+        tot = get(metrics, "reward")
+        if tot is not None:
+            self.reward.push(step, tot)
+        if samples:
+            self._push_samples(step, samples)
+        L = get(metrics, "completions/mean_length")
+        if L is None or L <= 0:
+            return None
+        self.length.push(step, L)
+        if not self.length.ready or len(self.correct) < self.min_points:
+            return Assessment(warming_up=True, evidence={"points": len(self.length.window)})
+        return self._judge(step)
+
+    def _window(self, w: Window, start: int) -> tuple[list[int], list[float]]:
+        steps, vals = [], []
+        for s, v in zip(w.steps, w.values):
+            if s >= start:
+                steps.append(s)
+                vals.append(v)
+        return steps, vals
+
+    def _judge(self, step: int) -> Assessment:
+        k = self._persist_points()
+        base = self.length.base or 0.0
+        recent = self.length.recent(k) or 0.0
+        ratio = recent / base if base > 0 else 0.0
+        ev: dict[str, Any] = {
+            "mean_length": {"recent": rounded(recent), "baseline": rounded(base), "ratio": rounded(ratio, 3),
+                            "threshold_ratio": self.level_ratio},
+        }
+        need = self.level_ratio * (0.9 if self.in_episode else 1.0)
+        if ratio < need:
+            return Assessment(level=0, evidence=ev)
+        # Trend window: the last span_steps steps, widened to min_points points.
+        wsteps = list(self.length.window.steps)
+        start = step - self.span_steps
+        if sum(1 for s in wsteps if s >= start) < self.min_points:
+            start = wsteps[-self.min_points] if len(wsteps) >= self.min_points else wsteps[0]
+        ls, lv = self._window(self.length.window, start)
+        cs, cv = self._window(self.correct, start)
+        ev["window"] = {"from_step": start, "to_step": step, "points": len(lv)}
+        if len(lv) < self.min_points or len(cv) < max(4, self.min_points - 2):
+            return Assessment(level=0, evidence=ev)
+        mk_len = mann_kendall([math.log(v) for v in lv], ls)
+        span = max(ls[-1] - ls[0], 1)
+        growth = theil_sen(ls, lv) * span / max(median(lv), 1e-9)
+        ev["length_trend"] = dict(mk_len.as_evidence(), relative_growth=rounded(growth, 3))
+        length_rising = mk_len.p_up < self.alpha and growth >= self.min_growth
+        mk_c = mann_kendall(cv, cs)
+        c_gain = theil_sen(cs, cv) * span
+        ev["correctness"] = {"metric": self.correctness.key, "p_up": rounded(mk_c.p_up, 3), "p_down": rounded(mk_c.p_down, 3),
+                             "gain_over_window": rounded(c_gain), "recent": rounded(median(cv[-k:]))}
+        stalled = mk_c.p_up > self.stall_alpha * (1.5 if self.in_episode else 1.0)
+        falling = mk_c.p_down < 0.1
+        # A jump of entropy and truncation is degeneration, not a length trend: leave it to that detector.
+        degenerate = False
+        if self.entropy.ready and (self.entropy.ratio(k) or 0.0) >= 2.5:
+            degenerate = True
+        if len(self.clipped) and median(self.clipped.last(k)) >= 0.5:
+            degenerate = True
+        ev["degenerate_regime"] = degenerate
+        corroborators = self._corroborators(start, ev)
+        rs, rv = self._window(self.reward, start)
+        if len(rv) == len(lv) and len(rv) >= 4:
+            ev["reward_length_correlation"] = rounded(pearson(lv, rv), 3)
+        level = 0
+        if length_rising and not degenerate and (stalled or "length_explains_reward" in corroborators):
+            level = 1
+            if self.episode_len >= 1 and (falling or corroborators):
+                level = 2
+        ev["corroborated_by"] = corroborators
+        onset = None
+        if level:
+            onset = self._onset(base)
+        return Assessment(level=level, evidence=ev, onset_step=onset)
+
+    def _corroborators(self, start: int, ev: dict[str, Any]) -> list[str]:
+        out = []
+        _, cv = self._window(self.corr, start)
+        if len(cv) >= 3:
+            m = median(cv)
+            ev["within_group_length_reward_corr"] = rounded(m, 3)
+            if m >= self.corr_threshold:
+                out.append("length_explains_reward")
+        gs, gv = self._window(self.len_correct, start)
+        bs, bv = self._window(self.len_incorrect, start)
+        if len(gv) >= 4 and len(bv) >= 4:
+            g_slope, b_slope = theil_sen(gs, gv), theil_sen(bs, bv)
+            ev["length_slope_per_step"] = {"correct": rounded(g_slope), "incorrect": rounded(b_slope)}
+            if b_slope > 0 and b_slope > 1.25 * max(g_slope, 0.0):
+                out.append("incorrect_grow_longer")
+        return out
+
+    def _onset(self, base: float) -> int | None:
+        onset = None
+        for s, v in zip(reversed(self.length.window.steps), reversed(self.length.window.values)):
+            if v <= 1.1 * base:
+                break
+            onset = s
+        return onset
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        ml = evidence.get("mean_length", {})
+        corr = evidence.get("correctness", {})
+        lead = "Completion length is running away" if severity == "critical" else "Completion length keeps rising"
+        return (
+            f"{lead} ({ml.get('baseline')} -> {ml.get('recent')} tokens) while {corr.get('metric')} is not improving:"
+            " the reward tracks length, not quality. Switch to Dr. GRPO (loss_type='dr_grpo', scale_rewards='none')."
+        )

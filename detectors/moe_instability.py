@@ -1,0 +1,214 @@
+"""MoE instability: routing volatility turning token-level importance ratios into noise (GSPO).
+
+Only mixture-of-experts runs are watched (the model facts say so, or the run logs ``aux_loss`` or
+``moe/*`` metrics). No single spike counts: a finding needs at least two of these, each measured
+against the run's own baseline (levels are not comparable across variants or clip settings):
+the routing flip rate rising (``moe/flip_rate``, when the router tap logs it), the clip fraction
+turning bursty, importance-sampling ratio extremes, repeated grad-norm spikes, ``aux_loss`` drift.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
+from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from detectors.stats import MAD_SCALE, Window, mad_sigma, median, quantile, rounded
+
+
+class _Baselined:
+    """A metric with a baseline frozen from its first ``n_base`` points after ``skip`` points."""
+
+    def __init__(self, n_base: int, skip: int, recent: int) -> None:
+        self.n_base = n_base
+        self.skip = skip
+        self.seen = 0
+        self.base_vals: list[float] = []
+        self.recent = Window(recent)
+        self.base: float | None = None
+        self.spread: float | None = None
+        self.q90: float | None = None
+
+    def push(self, step: int, v: float) -> None:
+        self.seen += 1
+        self.recent.push(step, v)
+        if self.base is None and self.seen > self.skip:
+            self.base_vals.append(v)
+            if len(self.base_vals) >= self.n_base:
+                self.base = median(self.base_vals)
+                self.spread = mad_sigma(self.base_vals, self.base)
+                self.q90 = quantile(self.base_vals, 0.9)
+                self.base_vals = []
+
+    @property
+    def ready(self) -> bool:
+        return self.base is not None
+
+
+def is_moe_run(context_is_moe: bool, metrics: Mapping[str, Any]) -> bool:
+    if context_is_moe:
+        return True
+    for k in metrics:
+        if isinstance(k, str) and (k == "aux_loss" or k.startswith("moe/")):
+            return True
+    return False
+
+
+class MoeInstability(EpisodeDetector):
+    """At least ``min_signals`` corroborating instability signals on an MoE run.
+
+    Parameters: ``min_signals`` (distinct signals needed for a warning; one more, or persistence,
+    makes it critical), ``spike_z`` (robust z of log grad norm that counts as a spike),
+    ``recent_steps`` (how far back, in training steps, spikes and bursts are counted),
+    ``base_points``/``skip_points`` (baseline points, after skipping the early transient).
+
+    >>> det = MoeInstability()
+    >>> det.start(RunContext(model={"is_moe": True}))
+    >>> found = []
+    >>> for step in range(1, 121):
+    ...     bad = step > 80
+    ...     found += det.update(step, {"aux_loss": 3.6 if bad else 2.0 + 0.01 * (step % 3),
+    ...         "grad_norm": (40.0 if step % 3 == 0 else 0.5) if bad else 0.3 + 0.01 * (step % 5),
+    ...         "clip_ratio/region_mean": 0.02 + 0.001 * (step % 4)})
+    >>> [(f.severity, f.variant) for f in found]
+    [('warning', 'gspo'), ('critical', 'gspo')]
+    >>> MoeInstability().update(1, {"grad_norm": 1e9})  # a dense run is never flagged
+    []
+    """
+
+    id = "moe_instability"
+    variant = "gspo"
+
+    def __init__(
+        self,
+        min_signals: int = 2,
+        spike_z: float = 6.0,
+        recent_steps: int = 30,
+        base_points: int = 12,
+        skip_points: int = 4,
+    ) -> None:
+        self.min_signals = check_int("min_signals", min_signals, 2)
+        self.spike_z = check_float("spike_z", spike_z, 0.0, 1e6, low_open=True)
+        self.recent_steps = check_int("recent_steps", recent_steps, 1)
+        self.base_points = check_int("base_points", base_points, 4)
+        self.skip_points = check_int("skip_points", skip_points, 0)
+        super().__init__()
+
+    def _reset_state(self) -> None:
+        mk = lambda: _Baselined(self.base_points, self.skip_points, 64)  # noqa: E731
+        self.flip = _Baselined(max(4, self.base_points // 2), 1, 16)
+        self.clip = mk()
+        self.is_max = mk()
+        self.grad = mk()
+        self.aux = mk()
+        self.moe = bool(self.context.is_moe)
+
+    def _clip_value(self, metrics: Metrics) -> float | None:
+        v = metrics.get("clip_ratio/region_mean")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+        lo, hi = metrics.get("clip_ratio/low_mean"), metrics.get("clip_ratio/high_mean")
+        vals = [float(x) for x in (lo, hi) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
+        return sum(vals) if vals else None
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        self.moe = self.moe or is_moe_run(False, metrics)
+        if not self.moe:
+            return Assessment(level=0, evidence={"moe": False})
+
+        def val(key: str) -> float | None:
+            v = metrics.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                return float(v)
+            return None
+
+        pushed = False
+        for track, v in (
+            (self.flip, val("moe/flip_rate")),
+            (self.clip, self._clip_value(metrics)),
+            (self.is_max, val("sampling/importance_sampling_ratio/max")),
+            (self.aux, val("aux_loss")),
+        ):
+            if v is not None and v >= 0:
+                track.push(step, v)
+                pushed = True
+        g = val("grad_norm")
+        if g is not None and g > 0:
+            self.grad.push(step, math.log(g))
+            pushed = True
+        if not pushed:
+            return None
+        if not any(t.ready for t in (self.clip, self.grad, self.aux, self.is_max, self.flip)):
+            return Assessment(warming_up=True)
+        return self._judge(step)
+
+    def _recent(self, track: _Baselined, step: int, at_least: int = 3) -> list[float]:
+        vals = [v for s, v in zip(track.recent.steps, track.recent.values) if s > step - self.recent_steps]
+        if len(vals) < at_least:
+            vals = track.recent.last(at_least)
+        return vals
+
+    def _judge(self, step: int) -> Assessment:
+        ev: dict[str, Any] = {"recent_steps": self.recent_steps}
+        signals: list[str] = []
+        relax = 0.8 if self.in_episode else 1.0
+        if self.flip.ready:
+            r = median(self.flip.recent.last(2))
+            b, sp = self.flip.base or 0.0, max(self.flip.spread or 0.0, 0.1 * (self.flip.base or 0.0), 1e-4)
+            ev["flip_rate"] = {"recent": rounded(r), "baseline": rounded(b), "threshold": rounded(max(1.5 * b, b + 4 * sp))}
+            if r >= max(1.5 * b, b + 4 * sp) * relax:
+                signals.append("flip_rate_up")
+        if self.clip.ready:
+            vals = self._recent(self.clip, step, 4)
+            q = quantile(vals, 0.9)
+            bq = self.clip.q90 or 0.0
+            need = max(2.0 * bq, bq + 0.1)
+            ev["clip_fraction"] = {"recent_q90": rounded(q), "baseline_q90": rounded(bq), "threshold": rounded(need)}
+            # Bursty: the upper tail moved, on more than one point.
+            if q >= need * relax and sum(1 for v in vals if v >= need * relax) >= 2:
+                signals.append("clip_bursts")
+        if self.is_max.ready:
+            vals = self._recent(self.is_max, step, 2)
+            r = median(vals[-3:])
+            b = max(self.is_max.base or 0.0, 1e-6)
+            ev["importance_ratio_max"] = {"recent": rounded(r), "baseline": rounded(b), "threshold": rounded(3 * b)}
+            if r >= 3 * b * relax:
+                signals.append("importance_ratio_extremes")
+        if self.grad.ready:
+            vals = self._recent(self.grad, step, 3)
+            b = self.grad.base or 0.0
+            sp = max(self.grad.spread or 0.0, 0.05)
+            spikes = sum(1 for v in vals if (v - b) / sp >= self.spike_z * relax)
+            ev["grad_norm"] = {"spikes_in_window": spikes, "baseline": rounded(math.exp(b)), "robust_z_threshold": self.spike_z,
+                               "log_mad_sigma": rounded(sp)}
+            if spikes >= 2:
+                signals.append("grad_norm_spikes")
+        if self.aux.ready:
+            r = median(self.aux.recent.last(3))
+            b = self.aux.base or 0.0
+            sp = max(self.aux.spread or 0.0, 0.01 * abs(b), 1e-6)
+            need = b + max(4 * sp, 0.15 * abs(b))
+            ev["aux_loss"] = {"recent": rounded(r), "baseline": rounded(b), "threshold": rounded(need),
+                              "robust_z": rounded((r - b) / sp, 3)}
+            if r >= b + (need - b) * relax:
+                signals.append("aux_loss_drift")
+        ev["signals"] = signals
+        ev["mad_scale"] = MAD_SCALE
+        level = 0
+        if len(signals) >= self.min_signals:
+            level = 1
+            if len(signals) >= self.min_signals + 1 or self.episode_len >= 2:
+                level = 2
+        return Assessment(level=level, evidence=ev, onset_step=None)
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        sig = ", ".join(s.replace("_", " ") for s in evidence.get("signals", []))
+        lead = "The MoE run is unstable" if severity == "critical" else "The MoE run is turning unstable"
+        cfg = self.context.config or {}
+        uses = cfg.get("importance_sampling_level") == "sequence"
+        tail = (" It already uses sequence-level ratios: lower the learning rate or tighten the GSPO clip range."
+                if uses else " Switch to GSPO (importance_sampling_level='sequence'); per-token ratios are unstable under MoE routing.")
+        return f"{lead} ({sig}).{tail}"
+

@@ -1,0 +1,199 @@
+"""Reading the signals detectors share: metric values, the correctness series, tracked levels.
+
+>>> resolve_correctness(RunContext(), ["reward", "rewards/format_reward/mean", "rewards/accuracy_reward/mean"])
+('rewards/accuracy_reward/mean', 'accuracy_reward')
+>>> resolve_correctness(RunContext(correctness_reward="exact"), [])
+('rewards/exact/mean', 'exact')
+>>> resolve_correctness(RunContext(), ["reward"])
+('reward', None)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from detectors.base import RunContext, finite
+from detectors.stats import SettledBaseline, Window, log_ratio, median
+
+_CORRECT_HINT = re.compile(r"correct|accura|(^|[^a-z])acc([^a-z]|$)|exact|match", re.IGNORECASE)
+_FORMAT_HINT = re.compile(r"format|xml|tag|schema|struct", re.IGNORECASE)
+_LENGTH_HINT = re.compile(r"len|overlong|long|short|token", re.IGNORECASE)
+
+
+def get(metrics: Mapping[str, Any], key: str) -> float | None:
+    """A finite value of one metric, or None (missing key, gap, NaN or inf)."""
+    return finite(metrics.get(key))
+
+
+def component_key(name: str) -> str:
+    return f"rewards/{name}/mean"
+
+
+def reward_names_in(keys: Iterable[str]) -> list[str]:
+    out = []
+    for k in keys:
+        if isinstance(k, str) and k.startswith("rewards/") and k.endswith("/mean"):
+            name = k[len("rewards/"):-len("/mean")]
+            if name and "/" not in name:
+                out.append(name)
+    return out
+
+
+def resolve_correctness(context: RunContext, keys: Iterable[str]) -> tuple[str, str | None]:
+    """The metric that measures correctness: the declared correctness reward, else a reward
+    component whose name says so (``correct``, ``accuracy``, ``acc``), else the total ``reward``."""
+    if context.correctness_reward:
+        return component_key(context.correctness_reward), context.correctness_reward
+    names = list(context.reward_names or []) + reward_names_in(keys)
+    for name in names:
+        if _CORRECT_HINT.search(name) and not _FORMAT_HINT.search(name):
+            return component_key(name), name
+    return "reward", None
+
+
+def is_format_name(name: str) -> bool:
+    return bool(_FORMAT_HINT.search(name))
+
+
+def is_length_name(name: str) -> bool:
+    return bool(_LENGTH_HINT.search(name)) and not _CORRECT_HINT.search(name)
+
+
+class CorrectnessSource:
+    """Resolves the correctness metric once a reward component names it, then sticks to it.
+
+    Until a component appears the total reward stands in; the choice only ever moves from the total
+    to a component (never back), so replays are deterministic.
+    """
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+        self.key, self.name = resolve_correctness(context, ())
+        self.fixed = self.key != "reward"
+
+    def value(self, metrics: Mapping[str, Any]) -> float | None:
+        if not self.fixed:
+            key, name = resolve_correctness(self.context, metrics.keys())
+            if key != "reward":
+                self.key, self.name, self.fixed = key, name, True
+        return get(metrics, self.key)
+
+    def sample_value(self, sample: Mapping[str, Any]) -> float | None:
+        """Per-completion correctness: the ``correct`` flag, else the correctness component."""
+        c = sample.get("correct")
+        if isinstance(c, bool):
+            return 1.0 if c else 0.0
+        rewards = sample.get("rewards")
+        if isinstance(rewards, Mapping):
+            if self.name is not None:
+                return finite(rewards.get(self.name))
+            vals = [finite(v) for v in rewards.values()]
+            vals = [v for v in vals if v is not None]
+            return sum(vals) if vals else None
+        return None
+
+
+def sample_reward(sample: Mapping[str, Any]) -> float | None:
+    """Total reward of one completion (sum of its components), None if none is finite."""
+    rewards = sample.get("rewards")
+    if not isinstance(rewards, Mapping):
+        return finite(sample.get("reward"))
+    vals = [finite(v) for v in rewards.values()]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) if vals else None
+
+
+def sample_length(sample: Mapping[str, Any]) -> float | None:
+    v = finite(sample.get("length"))
+    return v if v is not None and v >= 0 else None
+
+
+def groups_of(samples: Sequence[Mapping[str, Any]], max_samples: int = 4096) -> dict[Any, list[Mapping[str, Any]]]:
+    """Samples by generation group (bounded: beyond ``max_samples`` the rest is ignored)."""
+    out: dict[Any, list[Mapping[str, Any]]] = {}
+    for i, s in enumerate(samples):
+        if i >= max_samples:
+            break
+        if not isinstance(s, Mapping):
+            continue
+        g = s.get("group")
+        if g is None or isinstance(g, (float, list, dict)):
+            g = ("index", s.get("index", i) if not isinstance(s.get("index"), (list, dict)) else i)
+        out.setdefault(g, []).append(s)
+    return out
+
+
+class LevelTrack:
+    """One positive-scale metric: a settled early baseline plus its recent window.
+
+    ``ratio(k)`` is the median of the last ``k`` points over the baseline, so a one-step spike
+    never moves it.
+    """
+
+    def __init__(self, window: int = 64, half: int = 3, tol: float = 0.3, max_points: int = 30, positive: bool = True) -> None:
+        self.window = Window(window)
+        self.baseline = SettledBaseline(half=half, tol=tol, max_points=max_points, positive=positive)
+        self.base_step: int | None = None
+
+    def push(self, step: int, v: float) -> None:
+        self.window.push(step, v)
+        if self.baseline.push(v):
+            self.base_step = step
+
+    @property
+    def ready(self) -> bool:
+        return self.baseline.ready
+
+    @property
+    def base(self) -> float | None:
+        return self.baseline.value
+
+    def recent(self, k: int) -> float | None:
+        return self.window.recent_median(k)
+
+    def ratio(self, k: int) -> float | None:
+        r = self.recent(k)
+        b = self.baseline.value
+        if r is None or b is None:
+            return None
+        return math.exp(log_ratio(r, b))
+
+    def last_step(self) -> int | None:
+        return self.window.steps[-1] if len(self.window) else None
+
+
+class EntropyTrack(LevelTrack):
+    """Entropy with the masked-truncation trap handled.
+
+    With ``mask_truncated_completions=True`` and every completion truncated, TRL logs entropy as
+    exactly 0.0 (nothing was left to measure); that value is a gap, not a collapse.
+    """
+
+    def push_metrics(self, step: int, metrics: Mapping[str, Any]) -> float | None:
+        h = get(metrics, "entropy")
+        if h is None or h < 0:
+            return None
+        if h == 0.0:
+            clipped = get(metrics, "completions/clipped_ratio")
+            if clipped is None or clipped >= 0.99:
+                return None
+        self.push(step, h)
+        return h
+
+
+def onset_from_window(steps: Sequence[int], flags: Sequence[bool]) -> int | None:
+    """The first step of the trailing run of True flags."""
+    onset = None
+    for s, f in zip(reversed(steps), reversed(flags)):
+        if not f:
+            break
+        onset = s
+    return onset
+
+
+def recent_median_of(values: Sequence[float], k: int) -> float | None:
+    vals = list(values)[-k:]
+    return median(vals) if vals else None

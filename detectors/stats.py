@@ -1,0 +1,323 @@
+"""Robust, bounded-cost statistics shared by the detectors.
+
+Everything here works on small bounded windows (tens of points), so a detector that calls these
+once per update stays O(1) per update however long the run gets. Small windows are handled in
+plain Python because numpy's per-call overhead dominates below a few dozen values.
+
+>>> median([3.0, 1.0, 2.0, 100.0])
+2.5
+>>> r = mann_kendall([1.0, 2.0, 2.5, 3.1, 4.0, 4.2, 5.5, 6.0])
+>>> r.tau, r.p_up < 0.01
+(1.0, True)
+>>> theil_sen([0, 10, 20, 30], [1.0, 2.0, 3.0, 40.0])
+0.1
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Consistency constant: MAD * 1.4826 estimates the standard deviation of a normal sample.
+MAD_SCALE = 1.4826
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of a non-empty sequence (plain Python: faster than numpy for short windows)."""
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        raise ValueError("median of an empty sequence")
+    mid = n // 2
+    return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def mad_sigma(values: Sequence[float], center: float | None = None) -> float:
+    """Robust standard deviation: 1.4826 x the median absolute deviation."""
+    c = median(values) if center is None else center
+    return MAD_SCALE * median([abs(v - c) for v in values])
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of a non-empty sequence, q in [0, 1]."""
+    s = sorted(values)
+    if not s:
+        raise ValueError("quantile of an empty sequence")
+    pos = q * (len(s) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def log_ratio(a: float, b: float, floor: float = 1e-12) -> float:
+    """log(a / b) with both sides floored, so zeros give a large but finite ratio."""
+    return math.log(max(a, floor)) - math.log(max(b, floor))
+
+
+def _norm_sf(z: float) -> float:
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+@dataclass(frozen=True)
+class TrendResult:
+    """Mann-Kendall trend test result; ``p_up``/``p_down`` are one-sided p-values."""
+
+    n: int
+    s: float
+    tau: float
+    z: float
+    p_up: float
+    p_down: float
+    variance_inflation: float
+
+    def as_evidence(self) -> dict[str, float]:
+        return {
+            "n": self.n,
+            "kendall_tau": round(self.tau, 4),
+            "z": round(self.z, 3),
+            "p_up": float(f"{self.p_up:.3g}"),
+            "p_down": float(f"{self.p_down:.3g}"),
+            "variance_inflation": round(self.variance_inflation, 3),
+        }
+
+
+def theil_sen(x: Sequence[float], y: Sequence[float]) -> float:
+    """Theil-Sen slope (median of pairwise slopes) of y against x; pairs with equal x are skipped.
+
+    Uses the step numbers as x, so unevenly logged series (gaps, coarse logging) get the right slope.
+    """
+    n = len(x)
+    if n != len(y):
+        raise ValueError("x and y differ in length")
+    if n < 2:
+        return 0.0
+    xa = np.asarray(x, dtype=float)
+    ya = np.asarray(y, dtype=float)
+    i, j = np.triu_indices(n, 1)
+    dx = xa[j] - xa[i]
+    keep = dx != 0
+    if not keep.any():
+        return 0.0
+    return float(np.median((ya[j] - ya[i])[keep] / dx[keep]))
+
+
+def mann_kendall(y: Sequence[float], x: Sequence[float] | None = None) -> TrendResult:
+    """Mann-Kendall trend test with an autocorrelation correction of the variance.
+
+    Training curves are autocorrelated, which makes the plain test far too eager. The variance of
+    S is inflated by the effective-sample-size factor of an AR(1) process fitted to the residuals
+    of the Theil-Sen trend (Bayley-Hammersley / Yue-Wang style), computed from the lag-1
+    autocorrelation and clipped to a sane range.
+    """
+    n = len(y)
+    if n < 3:
+        return TrendResult(n, 0.0, 0.0, 0.0, 0.5, 0.5, 1.0)
+    ya = np.asarray(y, dtype=float)
+    i, j = np.triu_indices(n, 1)
+    d = np.sign(ya[j] - ya[i])
+    s = float(d.sum())
+    # Tie correction.
+    _, counts = np.unique(ya, return_counts=True)
+    ties = counts[counts > 1]
+    var_s = (n * (n - 1) * (2 * n + 5) - float((ties * (ties - 1) * (2 * ties + 5)).sum())) / 18.0
+    inflation = 1.0
+    if n >= 8:
+        xa = np.arange(n, dtype=float) if x is None else np.asarray(x, dtype=float)
+        dx = xa[j] - xa[i]
+        keep = dx != 0
+        slope = float(np.median((ya[j] - ya[i])[keep] / dx[keep])) if keep.any() else 0.0
+        resid = ya - slope * xa
+        resid = resid - resid.mean()
+        denom = float((resid * resid).sum())
+        if denom > 0:
+            r1 = float((resid[1:] * resid[:-1]).sum()) / denom
+            r1 = min(max(r1, 0.0), 0.9)
+            k = np.arange(1, n)
+            inflation = 1.0 + 2.0 * float(((1.0 - k / n) * r1**k).sum())
+    var_s *= inflation
+    pairs = n * (n - 1) / 2.0
+    tau = s / pairs if pairs else 0.0
+    if var_s <= 0:
+        return TrendResult(n, s, tau, 0.0, 0.5, 0.5, inflation)
+    if s > 0:
+        z = (s - 1.0) / math.sqrt(var_s)
+    elif s < 0:
+        z = (s + 1.0) / math.sqrt(var_s)
+    else:
+        z = 0.0
+    return TrendResult(n, s, tau, z, _norm_sf(z), _norm_sf(-z), inflation)
+
+
+class SettledBaseline:
+    """A robust baseline taken once a series' early transient has settled.
+
+    Healthy GRPO runs spend most of their entropy early (a fast initial drop), so a baseline from
+    the first few points would make every healthy run look collapsed later. This keeps the last
+    ``2 * half`` points and freezes the baseline (median and MAD) when the medians of the two
+    halves agree within ``tol`` (in log space for positive series), or after ``max_points``
+    points whatever happens, so an immediate failure is still measured against the early level.
+
+    >>> b = SettledBaseline(half=3, tol=0.2)
+    >>> for v in [2.0, 1.2, 0.8, 0.6, 0.52, 0.5, 0.49, 0.5, 0.51]:
+    ...     b.push(v)
+    >>> round(b.value, 3)
+    0.5
+    """
+
+    def __init__(self, half: int = 3, tol: float = 0.3, max_points: int = 30, positive: bool = True) -> None:
+        if half < 1:
+            raise ValueError("half must be >= 1")
+        self.half = half
+        self.tol = tol
+        self.max_points = max_points
+        self.positive = positive
+        self.buf: deque[float] = deque(maxlen=2 * half)
+        self.n = 0
+        self.value: float | None = None
+        self.spread: float | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.value is not None
+
+    def push(self, v: float) -> bool:
+        """Add a point; returns True on the update that freezes the baseline."""
+        if self.value is not None:
+            return False
+        self.buf.append(v)
+        self.n += 1
+        if len(self.buf) < 2 * self.half:
+            return False
+        vals = list(self.buf)
+        m0 = median(vals[: self.half])
+        m1 = median(vals[self.half:])
+        if self.positive:
+            settled = abs(log_ratio(m1, m0)) <= self.tol
+        else:
+            settled = abs(m1 - m0) <= self.tol * max(abs(m0), abs(m1), 1e-12)
+        if settled or self.n >= self.max_points:
+            self.value = median(vals)
+            self.spread = mad_sigma(vals, self.value)
+            return True
+        return False
+
+
+class Window:
+    """The last ``size`` (step, value) points of one series."""
+
+    __slots__ = ("steps", "values")
+
+    def __init__(self, size: int) -> None:
+        self.steps: deque[int] = deque(maxlen=size)
+        self.values: deque[float] = deque(maxlen=size)
+
+    def push(self, step: int, value: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def last(self, k: int) -> list[float]:
+        n = len(self.values)
+        if k >= n:
+            return list(self.values)
+        return [self.values[i] for i in range(n - k, n)]
+
+    def recent_median(self, k: int) -> float | None:
+        vals = self.last(k)
+        return median(vals) if vals else None
+
+    @property
+    def maxlen(self) -> int:
+        return self.values.maxlen or 0
+
+
+class Ewma:
+    """Exponentially weighted mean and variance (West's incremental form)."""
+
+    __slots__ = ("alpha", "mean", "var", "n")
+
+    def __init__(self, alpha: float) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError("alpha must be in (0, 1]")
+        self.alpha = alpha
+        self.mean: float | None = None
+        self.var = 0.0
+        self.n = 0
+
+    def push(self, x: float) -> None:
+        self.n += 1
+        if self.mean is None:
+            self.mean = x
+            return
+        diff = x - self.mean
+        incr = self.alpha * diff
+        self.mean += incr
+        self.var = (1 - self.alpha) * (self.var + diff * incr)
+
+
+class PageHinkley:
+    """Page-Hinkley test for an upward shift of the mean (one-sided CUSUM on deviations).
+
+    >>> ph = PageHinkley(delta=0.1, threshold=2.0)
+    >>> [ph.push(x) for x in [0, 0, 0, 0, 1, 1, 1]][-1]
+    True
+    """
+
+    __slots__ = ("delta", "threshold", "n", "mean", "cum", "min_cum")
+
+    def __init__(self, delta: float, threshold: float) -> None:
+        self.delta = delta
+        self.threshold = threshold
+        self.n = 0
+        self.mean = 0.0
+        self.cum = 0.0
+        self.min_cum = 0.0
+
+    def push(self, x: float) -> bool:
+        self.n += 1
+        self.mean += (x - self.mean) / self.n
+        self.cum += x - self.mean - self.delta
+        self.min_cum = min(self.min_cum, self.cum)
+        return self.cum - self.min_cum > self.threshold
+
+    @property
+    def statistic(self) -> float:
+        return self.cum - self.min_cum
+
+
+def finite_values(values: Iterable[object]) -> list[float]:
+    out = []
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Pearson correlation, None when either side is constant or too short."""
+    n = len(x)
+    if n < 3 or n != len(y):
+        return None
+    mx = sum(x) / n
+    my = sum(y) / n
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    if sxx <= 0 or syy <= 0:
+        return None
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    return sxy / math.sqrt(sxx * syy)
+
+
+def rounded(x: float | None, digits: int = 4) -> float | None:
+    """A JSON-friendly rounding that keeps small numbers significant."""
+    if x is None or not math.isfinite(x):
+        return None
+    if x == 0:
+        return 0.0
+    return float(f"{x:.{digits}g}")

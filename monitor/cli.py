@@ -1,0 +1,67 @@
+"""The ``grpo-monitor`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    from monitor import __version__
+
+    p = argparse.ArgumentParser(
+        prog="grpo-monitor",
+        description="Training-time diagnostics and GRPO-variant recommendations for TRL GRPOTrainer runs.",
+    )
+    p.add_argument("--version", action="version", version=f"grpo-monitor {__version__}")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    d = sub.add_parser("demo", help="run a real GRPO training on a tiny local model with the monitor attached")
+    d.add_argument("--steps", type=int, default=None, help="training steps (default 60)")
+    d.add_argument("--run-dir", default=None, help="run directory to write (default runs/demo-<time>)")
+    d.add_argument("--moe", action="store_true", help="train the tiny 8-expert top-2 Qwen3-MoE instead of the dense model")
+    d.add_argument("--report-to", default="none", help="passed to GRPOConfig(report_to=...), e.g. tensorboard")
+
+    a = sub.add_parser("analyze", help="diagnose finished runs: run directories, trainer_state.json, TensorBoard, CSV/JSONL")
+    a.add_argument("paths", nargs="+", metavar="PATH")
+    a.add_argument("--json", action="store_true", help="print one JSON document (fixed shape) instead of the report")
+    a.add_argument("--markdown", metavar="FILE", default=None, help="also write a shareable Markdown report")
+
+    w = sub.add_parser("watch", help="live dashboard of a run directory (or any run analyze reads)")
+    w.add_argument("path", metavar="RUN")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.verb == "demo":
+        from monitor.demo import DEFAULT_STEPS, run_demo
+
+        run_demo(args.run_dir, steps=args.steps or DEFAULT_STEPS, moe=args.moe, report_to=args.report_to)
+        return EXIT_CLEAN
+    if args.verb == "analyze":
+        from monitor.analysis import run_cli
+
+        return run_cli(args.paths, as_json=args.json, markdown=args.markdown)
+    if args.verb == "watch":
+        from monitor.sources import SourceError
+
+        try:
+            from monitor.tui import run_watch
+        except ImportError as exc:
+            print(f"grpo-monitor: the dashboard needs the 'tui' extra: pip install 'grpo-monitor[tui]' ({exc})", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        try:
+            run_watch(args.path)
+        except SourceError as exc:
+            print(f"grpo-monitor: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        return EXIT_CLEAN
+    return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""From a finding to a concrete change: the variant's overrides as a diff against the run's config.
+
+The recipe's rules live here: plain GRPO first and a switch only on a confirmed (critical)
+finding; GSPO for mixture-of-experts models; never a variant already tried in the lineage; and
+no advice that would be a no-op: settings the run already has are dropped, and clip-higher or
+GSPO's sequence-level ratio come with the off-policy change without which they do nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from detectors.variants import EXTRA_ADVICE, preset
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def is_on_policy(config: Mapping[str, Any]) -> bool:
+    """True when the importance ratio is identically 1 (TRL: one iteration, one generation per optimizer step)."""
+    if not config:
+        return False  # unknown (foreign logs): do not guess
+    ga = int(config.get("gradient_accumulation_steps") or 1)
+    spg = config.get("steps_per_generation") or ga
+    return int(config.get("num_iterations") or 1) <= 1 and int(spg) <= ga
+
+
+def config_diff(overrides: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in overrides.items() if not (k in config and _same(config[k], v))}
+
+
+def cli_flags(overrides: Mapping[str, Any]) -> str:
+    """The same change as TRL command-line flags (``trl grpo``, ``HfArgumentParser`` scripts)."""
+    return " ".join(f"--{k} {_flag_value(v)}" for k, v in overrides.items())
+
+
+def _flag_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    return str(v)
+
+
+def python_kwargs(overrides: Mapping[str, Any]) -> str:
+    return "GRPOConfig(..., " + ", ".join(f"{k}={v!r}" for k, v in overrides.items()) + ")"
+
+
+def recommend(
+    finding: Mapping[str, Any],
+    config: Mapping[str, Any] | None = None,
+    *,
+    is_moe: bool = False,
+    tried: Iterable[str] = (),
+    require_critical: bool = True,
+) -> dict[str, Any] | None:
+    """The recommendation record for ``finding`` (a finding dict), or None when there is nothing to change."""
+    config = dict(config or {})
+    variant = finding.get("variant")
+    if variant is None or (require_critical and finding.get("severity") != "critical"):
+        return None
+    reasons = [f"{finding.get('detector')} ({finding.get('severity')}) at step {finding.get('step')}"]
+    if is_moe and variant != "gspo" and config.get("importance_sampling_level") != "sequence":
+        reasons.append(f"mixture-of-experts model: the recipe requires GSPO, which replaces {variant}")
+        variant = "gspo"
+    if variant in set(tried):
+        return None
+    overrides = dict(finding.get("config_overrides") or {}) if finding.get("variant") == variant else {}
+    overrides = {**preset(variant, config), **overrides}
+    diff = config_diff(overrides, config)
+    if not diff:
+        return None
+    if config.get("loss_type") == "dapo" and variant == "dapo" and "loss_type" not in diff:
+        reasons.append("the run already uses TRL's token-level 'dapo' loss; what DAPO still adds is below")
+    needs_off_policy = ("epsilon_high" in diff) or diff.get("importance_sampling_level") == "sequence"
+    if needs_off_policy and is_on_policy(config) and "steps_per_generation" not in diff:
+        ga = int(config.get("gradient_accumulation_steps") or 1)
+        diff["steps_per_generation"] = 4 * ga
+        reasons.append(
+            "the run is on-policy (importance ratio is 1, clipping never fires), so clip bounds only act "
+            f"with off-policy steps: steps_per_generation={4 * ga}"
+        )
+    advice = EXTRA_ADVICE.get(variant, {})
+    return {
+        "type": "recommendation",
+        "step": finding.get("step"),
+        "variant": variant,
+        "detector": finding.get("detector"),
+        "config_overrides": diff,
+        "cli_flags": cli_flags(diff),
+        "python": python_kwargs(diff),
+        "extra": dict(advice),
+        "reasons": reasons,
+    }

@@ -1,0 +1,277 @@
+"""The run directory: an append-only, schema-versioned JSON-lines log.
+
+Layout of ``<run_dir>/``::
+
+    run.jsonl              header, step, summary, finding, recommendation, restart and note records
+                           (written by rank 0 only)
+    samples.rank<R>.jsonl  one sample record per completion, written by rank R
+
+Every record is one JSON object on one line with a ``type`` field. A line is written with a
+single ``os.write`` on a file opened with ``O_APPEND``, so a crash can tear at most the last
+line, and every record is in the operating system's hands the moment ``append`` returns.
+Non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"``; ``None`` is a
+gap (TRL logs ``None`` when every value in the logging window was NaN).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from monitor.metrics import decode, encode
+
+SCHEMA_VERSION = 1
+RUN_FILE = "run.jsonl"
+SAMPLES_GLOB = "samples.rank*.jsonl"
+RECORD_TYPES = ("header", "step", "summary", "sample", "finding", "recommendation", "restart", "note")
+_SAMPLES_RE = re.compile(r"^samples\.rank(\d+)\.jsonl$")
+
+
+class RunLogError(ValueError):
+    """An unusable run log; the message is one line naming the file (and line) and the fault."""
+
+
+def samples_file(rank: int) -> str:
+    return f"samples.rank{int(rank)}.jsonl"
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return encode(obj)
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    try:  # numpy scalars and the like
+        return _jsonable(obj.item())
+    except Exception:
+        return str(obj)
+
+
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def dumps(record: Mapping[str, Any]) -> str:
+    try:  # the common case: plain finite values, encoded in C
+        return _encoder.encode(record)
+    except (ValueError, TypeError):
+        return _encoder.encode(_jsonable(record))
+
+
+class JsonlWriter:
+    """Line-atomic appends to one JSON-lines file."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        # A previous writer killed mid-line leaves a torn tail; start on a fresh line so the
+        # torn bytes stay one (reported) bad line instead of corrupting our first record.
+        size = os.fstat(self._fd).st_size
+        if size:
+            with open(self.path, "rb") as fh:
+                fh.seek(size - 1)
+                if fh.read(1) != b"\n":
+                    os.write(self._fd, b"\n")
+
+    def append(self, records: Iterable[Mapping[str, Any]]) -> int:
+        data = "".join(dumps(r) + "\n" for r in records).encode("utf-8")
+        if not data:
+            return 0
+        with self._lock:
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        return len(data)
+
+    def fsync(self) -> None:
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RunWriter:
+    """Writes one run directory. Rank 0 writes ``run.jsonl``; every rank writes its own samples."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], rank: int = 0) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = int(rank)
+        self.is_main = self.rank == 0
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._run = JsonlWriter(self.run_dir / RUN_FILE) if self.is_main else None
+        self._samples: JsonlWriter | None = None
+
+    def write(self, *records: Mapping[str, Any]) -> None:
+        if self._run is not None:
+            self._run.append(records)
+
+    def header(self, **fields: Any) -> dict[str, Any]:
+        record = {"type": "header", "schema": SCHEMA_VERSION, **fields}
+        self.write(record)
+        return record
+
+    def step(self, step: int, metrics: Mapping[str, float | None], time: float) -> None:
+        self.write({"type": "step", "step": int(step), "time": time, "metrics": dict(metrics)})
+
+    def samples(self, records: Iterable[Mapping[str, Any]]) -> None:
+        if self._samples is None:
+            self._samples = JsonlWriter(self.run_dir / samples_file(self.rank))
+        self._samples.append({"type": "sample", **r} for r in records)
+
+    def close(self) -> None:
+        for w in (self._run, self._samples):
+            if w is not None:
+                w.close()
+
+
+def _decode_metrics(metrics: Any) -> dict[str, float | None]:
+    if not isinstance(metrics, Mapping):
+        return {}
+    return {str(k): decode(v) for k, v in metrics.items()}
+
+
+def parse_line(line: bytes, where: str) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RunLogError(f"{where}: corrupt record ({exc.__class__.__name__}: {str(exc)[:80]})") from None
+    if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
+        raise RunLogError(f"{where}: not a run-log record (no known 'type' field)")
+    if record["type"] in ("step", "summary"):
+        try:
+            record["step"] = int(record["step"])
+        except (KeyError, TypeError, ValueError):
+            raise RunLogError(f"{where}: {record['type']} record without an integer 'step'") from None
+        record["metrics"] = _decode_metrics(record.get("metrics"))
+    elif record["type"] == "sample":
+        record["rewards"] = _decode_metrics(record.get("rewards"))
+    return record
+
+
+def iter_records(path: Path, warnings: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Every record of one JSON-lines file. A torn last line (no newline) is skipped and reported
+    in ``warnings``; any other corrupt line raises ``RunLogError`` naming file and line."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RunLogError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    for lineno, line in enumerate(lines, 1):
+        if line.strip():
+            yield parse_line(line, f"{path}:{lineno}")
+    if torn.strip():
+        try:
+            yield parse_line(torn, f"{path}:{len(lines) + 1}")
+        except RunLogError:
+            if warnings is not None:
+                warnings.append(f"{path}:{len(lines) + 1}: skipped a half-written last line")
+
+
+@dataclass
+class RunLog:
+    """A parsed run directory."""
+
+    path: Path
+    header: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    restarts: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    notes: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def add(self, record: dict[str, Any]) -> None:
+        kind = record["type"]
+        if kind == "header":
+            if not self.header:  # a resumed segment appends a second header: the first one names the run
+                self.header = record
+        elif kind == "step":
+            self.steps.append(record)
+        elif kind == "sample":
+            self.samples.append(record)
+        elif kind == "finding":
+            self.findings.append(record)
+        elif kind == "recommendation":
+            self.recommendations.append(record)
+        elif kind == "restart":
+            self.restarts.append(record)
+        elif kind == "summary":
+            self.summary = record
+        elif kind == "note":
+            self.notes.append(record)
+
+    def samples_by_step(self) -> dict[int, list[dict[str, Any]]]:
+        out: dict[int, list[dict[str, Any]]] = {}
+        for s in self.samples:
+            out.setdefault(int(s.get("step", -1)), []).append(s)
+        return out
+
+
+def is_run_dir(path: str | os.PathLike[str]) -> bool:
+    return (Path(path) / RUN_FILE).is_file()
+
+
+def read_run(path: str | os.PathLike[str]) -> RunLog:
+    """Read a run directory (or its ``run.jsonl``) with every rank's samples merged."""
+    p = Path(path)
+    if p.is_file() and p.name == RUN_FILE:
+        p = p.parent
+    if not p.exists():
+        raise RunLogError(f"{p}: no such file or directory")
+    run_file = p / RUN_FILE
+    if not run_file.is_file():
+        raise RunLogError(f"{p}: not a grpo-monitor run directory (no {RUN_FILE})")
+    log = RunLog(path=p)
+    for record in iter_records(run_file, log.warnings):
+        log.add(record)
+    if not log.header:
+        raise RunLogError(f"{run_file}: no header record")
+    for sample_file in sorted(p.iterdir()):
+        if _SAMPLES_RE.match(sample_file.name):
+            for record in iter_records(sample_file, log.warnings):
+                if record["type"] == "sample":
+                    log.samples.append(record)
+    log.samples.sort(key=lambda s: (s.get("step", 0), s.get("rank", 0), s.get("index", 0)))
+    # A run resumed from a checkpoint logs some steps again: the latest record of a step wins.
+    dedup: dict[int, dict[str, Any]] = {}
+    for rec in log.steps:
+        dedup[rec["step"]] = rec
+    log.steps = [dedup[s] for s in sorted(dedup)]
+    return log
+
+
+def steps_frame(steps: Iterable[tuple[int, Mapping[str, float | None]]]):
+    """One row per logged step (index ``step``), one column per metric; a gap is NaN."""
+    import pandas as pd
+
+    steps = list(steps)
+    frame = pd.DataFrame.from_records([dict(m) for _, m in steps], index=pd.Index([s for s, _ in steps], name="step"))
+    return frame.astype("float64") if not frame.empty else frame
+
+
+def load_run(path: str | os.PathLike[str]):
+    """A run directory as a ``pandas.DataFrame``: one row per logged step, one column per metric."""
+    log = read_run(path)
+    return steps_frame((r["step"], r["metrics"]) for r in log.steps)

@@ -1,0 +1,57 @@
+"""Our own run directory (``run.jsonl`` and the per-rank sample files)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from detectors.base import RunContext
+from monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish
+
+
+def read_run_dir(path: Path) -> Source:
+    """Read a run directory (or its ``run.jsonl``) through ``monitor.runlog.read_run``.
+
+    Segments of a restarted lineage live in subdirectories and are not read here: the source
+    is the top-level run.
+    """
+    from monitor.runlog import RunLogError, read_run
+
+    try:
+        log = read_run(path)
+    except RunLogError as exc:
+        raise SourceError(None, str(exc)) from None
+    src = Source(path=log.path, format="run_dir", run=log, warnings=list(log.warnings))
+    table = StepTable()
+    norm = Normalizer()
+    for rec in log.steps:
+        metrics = rec.get("metrics")
+        table.add(rec["step"], norm(metrics) if isinstance(metrics, dict) else {})
+    finish(src, table)
+    src.samples = log.samples_by_step()
+    src.context = context_from_header(log.header)
+    return src
+
+
+def context_from_header(header: dict[str, Any]) -> RunContext:
+    config = header.get("config")
+    config = dict(config) if isinstance(config, dict) else {}
+    model = header.get("model")
+    model = dict(model) if isinstance(model, dict) else {}
+    rewards = header.get("reward_funcs")
+    rewards = [str(r) for r in rewards] if isinstance(rewards, list) else []
+    logging_steps = as_step(config.get("logging_steps"))
+    raw, max_steps = config.get("logging_steps"), as_step(config.get("max_steps"))
+    if logging_steps is None and isinstance(raw, float) and 0 < raw < 1 and max_steps and max_steps > 0:
+        logging_steps = math.ceil(max_steps * raw)  # transformers reads logging_steps < 1 as a fraction
+    correctness = header.get("correctness_reward")
+    fmt = header.get("format_reward")
+    return RunContext(
+        config=config,
+        model=model,
+        reward_names=rewards,
+        correctness_reward=correctness if isinstance(correctness, str) else None,
+        format_reward=fmt if isinstance(fmt, str) else None,
+        logging_steps=logging_steps if logging_steps and logging_steps > 0 else 1,
+    )

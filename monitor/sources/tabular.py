@@ -1,0 +1,249 @@
+"""Metric exports: CSV (W&B history, any table with a step column) and JSON lines (verl, ...)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
+
+# Step fields, best first: the trainer's own step beats a logger's call counter (W&B's ``_step``
+# counts ``wandb.log`` calls, which differs from the trainer step when logging_steps > 1).
+STEP_FIELDS = ("train/global_step", "global_step", "training/global_step", "trainer/global_step", "step", "_step")
+NESTED_FIELDS = ("data", "metrics")
+_STEP_RANK = {name: i for i, name in enumerate(STEP_FIELDS)}
+
+
+# --------------------------------------------------------------------------------------- JSONL
+
+
+def first_json_line(line: bytes) -> Any:
+    """The JSON value on one line, or None when the line is not a complete JSON value."""
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _lines(path: Path) -> tuple[list[bytes], bytes]:
+    data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    lines = data.split(b"\n")
+    return lines, lines.pop()  # the torn tail is b"" when the file ends with a newline
+
+
+def read_jsonl(path: Path) -> Source:
+    """One JSON object per line, each with a step field at the top level or inside ``data``/``metrics``.
+
+    A half-written last line is skipped with a warning; any other corrupt line is an error that
+    names the file and line.
+    """
+    lines, torn = _lines(path)
+    src = Source(path=path, format="jsonl")
+    records = _parse_all(path, lines)
+    if torn.strip():
+        try:
+            records.append((len(lines) + 1, json.loads(torn)))
+        except (ValueError, RecursionError):
+            src.warnings.append(f"{path}:{len(lines) + 1}: skipped a half-written last line")
+    table = StepTable()
+    norm = Normalizer()
+    no_step = 0
+    for lineno, rec in records:
+        if not isinstance(rec, dict):
+            raise SourceError(path, f"expected a JSON object per line, got {type(rec).__name__}", lineno)
+        flat = _flatten(rec)
+        key = _step_key(flat)
+        if key is None:
+            no_step += 1
+            continue
+        step = as_step(flat[key])
+        if step is None:
+            raise SourceError(path, f"'{key}' is {_short(flat[key])}, expected an integer step", lineno)
+        table.add(step, norm(flat))
+    if not len(table):
+        raise SourceError(path, f"no line has a step field ({', '.join(STEP_FIELDS)})")
+    if no_step:
+        src.warnings.append(f"{path}: skipped {no_step} line(s) without a step field")
+    finish(src, table, "lines")
+    src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
+    return src
+
+
+def _parse_all(path: Path, lines: list[bytes]) -> list[tuple[int, Any]]:
+    numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
+    try:  # one C-level parse of the whole file; per-line parsing only to locate a fault
+        values = json.loads(b"[" + b",".join(line for _, line in numbered) + b"]")
+        if len(values) == len(numbered):
+            return [(i, v) for (i, _), v in zip(numbered, values)]
+    except (ValueError, RecursionError):
+        pass
+    out = []
+    for i, line in numbered:
+        try:
+            out.append((i, json.loads(line)))
+        except (ValueError, RecursionError) as exc:
+            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.__class__.__name__
+            raise SourceError(path, f"corrupt JSON line ({msg})", i) from None
+    return out
+
+
+def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
+    nested = [rec[k] for k in NESTED_FIELDS if isinstance(rec.get(k), dict)]
+    if not nested:
+        return rec
+    flat = {k: v for k, v in rec.items() if k not in NESTED_FIELDS}
+    for inner in nested:
+        flat.update(inner)
+    return flat
+
+
+def _step_key(rec: dict[str, Any]) -> str | None:
+    best = None
+    for key in rec:
+        rank = _STEP_RANK.get(key)
+        if rank is not None and rec[key] is not None and (best is None or rank < _STEP_RANK[best]):
+            best = key
+    return best
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# ----------------------------------------------------------------------------------------- CSV
+
+
+def decode_head(head: bytes) -> str | None:
+    head = head[3:] if head.startswith(b"\xef\xbb\xbf") else head
+    try:
+        return head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # a multi-byte character cut by the sniff window is fine
+            return None
+        return head[: exc.start].decode("utf-8", "ignore")
+
+
+def _header(text: str) -> tuple[list[str], str] | None:
+    first = text.split("\n", 1)[0].rstrip("\r")
+    for delim in (",", "\t", ";"):
+        if delim in first:
+            try:
+                return next(csv.reader([first], delimiter=delim)), delim
+            except (csv.Error, StopIteration):
+                return None
+    return None
+
+
+def looks_like_csv(head: bytes) -> bool:
+    """Text whose first line splits into several columns."""
+    text = decode_head(head)
+    return text is not None and _header(text) is not None
+
+
+def read_csv(path: Path) -> Source:
+    """A metric table: one row per logged step, a step column, empty cells for unmeasured metrics.
+
+    W&B exports are understood: ``_``-prefixed bookkeeping columns are dropped, and a panel
+    export's ``<run> - <metric>`` columns lose the run prefix and their ``__MIN``/``__MAX`` twins.
+    """
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SourceError(path, f"not UTF-8 text (bad byte at offset {exc.start})") from None
+    found = _header(text)
+    if found is None:
+        raise SourceError(path, "no CSV header line")
+    header, delim = found
+    src = Source(path=path, format="csv")
+    step_col, columns = _csv_columns(path, header, src.warnings)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delim)
+    table = StepTable()
+    norm = Normalizer()
+    skipped = ragged = 0
+    try:
+        next(reader)
+        for row in reader:
+            lineno = reader.line_num
+            if not row:
+                continue
+            if len(row) != len(header):
+                ragged += 1
+            cell = row[step_col].strip() if step_col < len(row) else ""
+            if not cell:
+                skipped += 1
+                continue
+            step = as_step(cell)
+            if step is None:
+                raise SourceError(path, f"step cell {_short(cell)} is not an integer", lineno)
+            values: dict[str, Any] = {}
+            for i, name in columns:
+                if i < len(row):
+                    v = row[i]
+                    if v:
+                        try:
+                            values[name] = float(v)
+                        except ValueError:
+                            x = _cell(v)
+                            if x is not _DROP:
+                                values[name] = x
+            table.add(step, norm(values))
+    except csv.Error as exc:
+        raise SourceError(path, f"malformed CSV ({one_line_exc(exc)})", reader.line_num) from None
+    if not len(table):
+        raise SourceError(path, "no row with a step value")
+    if skipped:
+        src.warnings.append(f"{path}: skipped {skipped} row(s) with an empty step cell")
+    if ragged:
+        src.warnings.append(f"{path}: {ragged} row(s) do not have as many cells as the header")
+    finish(src, table, "rows")
+    src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
+    return src
+
+
+_DROP = object()
+
+
+def _cell(text: str) -> Any:
+    """A cell float() refused: padded numbers still count; words (``true``, ``null``) are no measurement."""
+    try:
+        return float(text.strip())
+    except ValueError:
+        return _DROP
+
+
+def one_line_exc(exc: BaseException) -> str:
+    return str(exc).replace("\n", " ")[:120]
+
+
+def _csv_columns(path: Path, header: list[str], warnings: list[str]) -> tuple[int, list[tuple[int, str]]]:
+    names = [h.strip() for h in header]
+    # W&B panel export: "Step", "<run> - <metric>", "<run> - <metric>__MIN", "<run> - <metric>__MAX"
+    keep = [i for i, n in enumerate(names) if not (n.endswith("__MIN") or n.endswith("__MAX"))]
+    prefixes = {n.split(" - ", 1)[0] for i, n in enumerate(names) if i in keep and " - " in n}
+    if len(prefixes) == 1 and all(" - " in names[i] or _is_step(names[i]) for i in keep):
+        names = [n.split(" - ", 1)[1] if " - " in n else n for n in names]
+    elif len(prefixes) > 1:
+        warnings.append(f"{path}: columns of {len(prefixes)} runs; metric names keep their run prefix")
+    step_cols = [(i, n) for i, n in enumerate(names) if _is_step(n)]
+    if not step_cols:
+        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        raise SourceError(path, f"CSV without a step column (_step, step, global_step, train/global_step); columns: {shown}")
+    step_col = min(step_cols, key=lambda c: _STEP_RANK[c[1].lower()])[0]
+    skip = {i for i, _ in step_cols}
+    columns = [
+        (i, n)
+        for i, n in enumerate(names)
+        if i in keep and i not in skip and n and not n.startswith("_") and not n.startswith("Unnamed: ")
+    ]
+    return step_col, columns
+
+
+def _is_step(name: str) -> bool:
+    return name.lower() in _STEP_RANK
+

@@ -1,0 +1,20 @@
+"""``python -m monitor.tui RUN``: the dashboard without the CLI wrapper."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m monitor.tui", description="Live dashboard of a GRPO run.")
+    parser.add_argument("path", help="run directory (followed live), run.jsonl, or any log analyze reads")
+    args = parser.parse_args(argv)
+    from monitor.tui import run_watch
+
+    run_watch(args.path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

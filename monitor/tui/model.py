@@ -1,0 +1,277 @@
+"""What the dashboard knows about a run, built up record by record (no Textual here).
+
+Step metrics live in columnar numpy arrays that grow by doubling, so appending a step is O(1)
+amortised and a chart reads a 100k-step history without copying it. A step record whose step
+does not advance (a run resumed from a checkpoint logs some steps again) rewinds the columns
+to that step: the latest record of a step wins, as in ``monitor.runlog.read_run``.
+
+>>> m = RunModel()
+>>> _ = m.ingest([{"type": "header", "config": {"max_completion_length": 64}, "model": {}},
+...               {"type": "step", "step": 1, "metrics": {"entropy": 0.5}},
+...               {"type": "step", "step": 2, "metrics": {"entropy": 0.4, "kl": 0.01}}])
+>>> m.store.n, m.store.column("kl").tolist()[1], m.latest_metric("entropy")
+(2, 0.01, 0.4)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+_REWARD_MEAN = re.compile(r"^rewards/(.+)/mean$")
+MOE_CAP = 4096  # load records kept for the heatmap; beyond it older ones are thinned by half
+SAMPLES_CAP = 200_000
+
+
+def to_float(v: Any) -> float:
+    """A metric value as a float; a gap (None) or anything unreadable is NaN."""
+    if v is None or isinstance(v, bool):
+        return math.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+class SeriesStore:
+    """Steps and one float column per metric name, NaN where a step did not log that name."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._cap = capacity
+        self._steps = np.empty(capacity, dtype=np.float64)
+        self._cols: dict[str, np.ndarray] = {}
+        self.n = 0
+        self.gen = 0  # bumped when history is rewritten (a rewind), so caches start over
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self._steps[: self.n]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._cols)
+
+    def column(self, name: str) -> np.ndarray:
+        col = self._cols.get(name)
+        if col is None:
+            return np.full(self.n, np.nan)
+        return col[: self.n]
+
+    def has(self, name: str) -> bool:
+        return name in self._cols
+
+    def _reserve(self, need: int) -> None:
+        if need <= self._cap:
+            return
+        cap = self._cap
+        while cap < need:
+            cap *= 2
+        steps = np.empty(cap, dtype=np.float64)
+        steps[: self.n] = self._steps[: self.n]
+        self._steps = steps
+        for k, col in self._cols.items():
+            grown = np.full(cap, np.nan)
+            grown[: self.n] = col[: self.n]
+            self._cols[k] = grown
+        self._cap = cap
+
+    def truncate(self, step: float) -> None:
+        """Forget every row at or after ``step``."""
+        keep = int(np.searchsorted(self.steps, step, side="left"))
+        if keep < self.n:
+            for col in self._cols.values():
+                col[keep : self.n] = np.nan
+            self.n = keep
+            self.gen += 1
+
+    def extend(self, steps: list[int], metrics: list[Mapping[str, Any]]) -> None:
+        """Append rows whose steps are increasing and beyond the last stored step."""
+        k = len(steps)
+        if not k:
+            return
+        self._reserve(self.n + k)
+        lo, hi = self.n, self.n + k
+        self._steps[lo:hi] = steps
+        names: set[str] = set()
+        for m in metrics:
+            names.update(m)
+        for name in names:
+            col = self._cols.get(name)
+            if col is None:
+                col = self._cols[name] = np.full(self._cap, np.nan)
+            col[lo:hi] = [to_float(m.get(name)) for m in metrics]
+        self.n = hi
+
+
+class RunModel:
+    """Everything read from a run so far. ``ingest`` returns the kinds of data that changed."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, Any]] = []
+        self.store = SeriesStore()
+        self.detector_states: dict[str, str] = {}
+        self.last_step: dict[str, Any] | None = None
+        self.findings: list[dict[str, Any]] = []
+        self.recommendations: list[dict[str, Any]] = []
+        self.restarts: list[dict[str, Any]] = []
+        self.notes: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
+        self.summary: dict[str, Any] | None = None
+        self.warnings: list[str] = []
+        self.moe_steps: list[int] = []
+        self.moe_load: list[np.ndarray] = []
+        self.source_format: str | None = None  # set for logs that are not a run directory
+        self.sample_version = 0
+
+    # -- reading -----------------------------------------------------------------------------
+    @property
+    def header(self) -> dict[str, Any]:
+        """The latest segment's header (its config is what the run trains with now)."""
+        return self.headers[-1] if self.headers else {}
+
+    @property
+    def config(self) -> dict[str, Any]:
+        cfg = self.header.get("config")
+        return cfg if isinstance(cfg, dict) else {}
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        m = self.header.get("model")
+        return m if isinstance(m, dict) else {}
+
+    @property
+    def segment(self) -> int:
+        seg = self.header.get("segment")
+        return int(seg) if isinstance(seg, int) else max(1, len(self.headers))
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.model_info.get("is_moe")) or bool(self.moe_load) or any(
+            n.startswith("moe/") for n in self.store.names
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def length_cap(self) -> float | None:
+        v = self.config.get("max_completion_length")
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    def reward_components(self) -> list[str]:
+        names: list[str] = []
+        for h in self.headers:
+            for f in h.get("reward_funcs") or ():
+                if isinstance(f, str) and f not in names:
+                    names.append(f)
+        for n in self.store.names:
+            m = _REWARD_MEAN.match(n)
+            if m and m.group(1) not in names:
+                names.append(m.group(1))
+        return names
+
+    def latest_metric(self, name: str) -> float | None:
+        """The newest finite value of a metric (None when it was never measured)."""
+        col = self.store.column(name)
+        ok = np.flatnonzero(np.isfinite(col))
+        return float(col[ok[-1]]) if ok.size else None
+
+    def metric_names(self, prefix: str) -> list[str]:
+        return sorted(n for n in self.store.names if n.startswith(prefix))
+
+    def latest_findings_by_detector(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for f in self.findings:
+            out[str(f.get("detector"))] = f
+        return out
+
+    # -- writing -----------------------------------------------------------------------------
+    def ingest(self, records: Iterable[Mapping[str, Any]]) -> set[str]:
+        changed: set[str] = set()
+        pend_steps: list[int] = []
+        pend_metrics: list[Mapping[str, Any]] = []
+
+        def flush() -> None:
+            if pend_steps:
+                self.store.extend(pend_steps, pend_metrics)
+                pend_steps.clear()
+                pend_metrics.clear()
+
+        for rec in records:
+            kind = rec.get("type")
+            if kind == "step":
+                step = int(rec["step"])
+                last = pend_steps[-1] if pend_steps else (self.store.steps[-1] if self.store.n else None)
+                if last is not None and step <= last:
+                    flush()
+                    self.store.truncate(step)
+                    self._truncate_moe(step)
+                    changed.add("rewind")
+                metrics = rec.get("metrics")
+                pend_steps.append(step)
+                pend_metrics.append(metrics if isinstance(metrics, Mapping) else {})
+                det = rec.get("detectors")
+                if isinstance(det, Mapping):
+                    self.detector_states = {str(k): str(v) for k, v in det.items()}
+                    changed.add("detectors")
+                load = rec.get("moe_load")
+                if load is not None:
+                    self._add_moe(step, load)
+                    changed.add("moe")
+                self.last_step = dict(rec)
+                changed.add("steps")
+            elif kind == "sample":
+                self.samples.append(dict(rec))
+                changed.add("samples")
+            elif kind == "header":
+                self.headers.append(dict(rec))
+                if isinstance(rec.get("source_format"), str):
+                    self.source_format = rec["source_format"]
+                changed.add("header")
+            elif kind == "finding":
+                self.findings.append(dict(rec))
+                changed.add("findings")
+            elif kind == "recommendation":
+                self.recommendations.append(dict(rec))
+                changed.add("recommendations")
+            elif kind == "restart":
+                self.restarts.append(dict(rec))
+                changed.add("header")
+            elif kind == "summary":
+                self.summary = dict(rec)
+                changed.add("header")
+            elif kind == "note":
+                self.notes.append(dict(rec))
+                changed.add("notes")
+        flush()
+        if "samples" in changed:
+            if len(self.samples) > SAMPLES_CAP:
+                del self.samples[: len(self.samples) - SAMPLES_CAP * 3 // 4]
+            self.sample_version += 1
+        return changed
+
+    def _add_moe(self, step: int, load: Any) -> None:
+        try:
+            arr = np.asarray(load, dtype=np.float32)
+        except (TypeError, ValueError):
+            return
+        if arr.ndim == 1:
+            arr = arr[None, :]
+        if arr.ndim != 2 or arr.size == 0:
+            return
+        self.moe_steps.append(step)
+        self.moe_load.append(arr)
+        if len(self.moe_steps) > MOE_CAP:  # thin the older half so the heatmap spans the whole run
+            half = len(self.moe_steps) // 2
+            self.moe_steps = self.moe_steps[:half:2] + self.moe_steps[half:]
+            self.moe_load = self.moe_load[:half:2] + self.moe_load[half:]
+
+    def _truncate_moe(self, step: int) -> None:
+        while self.moe_steps and self.moe_steps[-1] >= step:
+            self.moe_steps.pop()
+            self.moe_load.pop()

@@ -1,0 +1,1 @@
+"""Dashboard panels and charts."""

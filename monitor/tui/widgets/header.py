@@ -1,0 +1,75 @@
+"""The run header: model, key configuration, segment and restarts, live status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import Static
+
+from monitor.tui.model import RunModel
+from monitor.tui.text import visible
+from monitor.tui.widgets.common import role_style
+
+
+def _g(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    return visible(v)
+
+
+class RunHeader(Static):
+    """Two lines: who and where the run is, then the configuration that decides its behaviour."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__("", markup=False, **kwargs)
+
+    def show(self, model: RunModel, status: str, status_role: str) -> None:
+        app = self.app
+        t = Text(no_wrap=False)
+        t.append("● ", role_style(app, status_role))
+        h = model.header
+        run_id = h.get("run_id") or "run"
+        t.append(visible(run_id), role_style(app, "primary", bold=True))
+        mi = model.model_info
+        if mi.get("class"):
+            t.append("  " + visible(mi["class"]))
+        if model.is_moe:
+            e, k = mi.get("num_experts"), mi.get("top_k")
+            t.append("  MoE" + (f" {e}×top-{k}" if e and k else ""), role_style(app, "accent"))
+        if model.source_format:
+            t.append(f"  [{visible(model.source_format)}]", role_style(app, "muted"))
+        restarts = len(model.restarts)
+        t.append(f"  segment {model.segment}", role_style(app, "muted"))
+        t.append(f" · {restarts} restart{'s' if restarts != 1 else ''}", role_style(app, "muted"))
+        if model.store.n:
+            t.append(f"  step {int(model.store.steps[-1])}")
+        t.append(f"  {status}", role_style(app, status_role))
+        t.append("\n")
+        cfg = model.config
+        items = [
+            ("loss_type", "loss_type"),
+            ("G", "num_generations"),
+            ("lr", "learning_rate"),
+            ("β", "beta"),
+            ("max_len", "max_completion_length"),
+            ("IS", "importance_sampling_level"),
+        ]
+        first = True
+        for label, key in items:
+            if key in cfg:
+                if not first:
+                    t.append(" · ", role_style(app, "muted"))
+                first = False
+                t.append(f"{label} ", role_style(app, "muted"))
+                t.append(_g(cfg[key]))
+        if "epsilon" in cfg:
+            eh = cfg.get("epsilon_high")
+            t.append(" · ε " if not first else "ε ", role_style(app, "muted"))
+            t.append(_g(cfg["epsilon"]) + ("/" + _g(eh) if eh is not None else ""))
+            first = False
+        if first:
+            t.append("no configuration recorded", role_style(app, "muted"))
+        self.update(t)

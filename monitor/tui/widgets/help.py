@@ -1,0 +1,48 @@
+"""The ``?`` help screen."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+HELP = [
+    ("Keys", None),
+    ("1 … 5", "Overview, Detectors, Recommendations, Samples, MoE"),
+    ("Tab / Shift+Tab", "next / previous panel"),
+    ("↑ ↓ PgUp PgDn", "scroll, move the table cursor"),
+    ("/", "filter samples: 12 · 10-20 · correct · incorrect · truncated · any text"),
+    ("Enter", "show the selected sample (or finding) in full"),
+    ("c / y", "copy the recommended GRPOConfig call / CLI flags"),
+    ("[ ]  ← →", "previous / next MoE layer in the heatmap"),
+    ("t", "toggle dark / light theme"),
+    ("?", "this help; Esc closes it"),
+    ("q", "quit"),
+    ("Panels", None),
+    ("Overview", "entropy, completion length against the cap, rewards by component, KL, clipping, "
+                 "zero-std groups, grad norm; ◆ ▲ mark where a finding's change began"),
+    ("Detectors", "each detector's state at the latest step, and every finding with its evidence"),
+    ("Recommendations", "the GRPO variant to switch to, as Python and as CLI flags, with the reasons"),
+    ("Samples", "every recorded completion with its rewards; model output is shown verbatim"),
+    ("MoE", "expert load per layer over steps, routing flip rate, aux loss (MoE runs only)"),
+]
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,question_mark,q", "dismiss", "Close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        t = Text()
+        for key, desc in HELP:
+            if desc is None:
+                t.append(("\n" if t.plain else "") + key + "\n", "bold")
+                continue
+            t.append(f"  {key:<16}", "bold")
+            t.append(f"{desc}\n")
+        with VerticalScroll(id="help-box"):
+            yield Static(t, markup=False, id="help-text")

@@ -1,0 +1,94 @@
+"""The overview: the time series that show every failure mode the detectors look for."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Grid, VerticalScroll
+from textual.widgets import Static
+
+from monitor.tui.model import RunModel
+from monitor.tui.text import one_line, visible
+from monitor.tui.widgets.chart import LineChart, SeriesSpec
+from monitor.tui.widgets.common import role_style, short
+
+
+def _length(model: RunModel) -> list[SeriesSpec]:
+    return [
+        SeriesSpec("mean", "completions/mean_length"),
+        SeriesSpec("max", "completions/max_length"),
+        SeriesSpec("term", "completions/mean_terminated_length"),
+    ]
+
+
+def _length_cap(model: RunModel) -> list[tuple[str, float]]:
+    cap = model.length_cap
+    return [("cap", cap)] if cap is not None else []
+
+
+def _reward(model: RunModel) -> list[SeriesSpec]:
+    return [SeriesSpec("total", "reward")] + [SeriesSpec(f, f"rewards/{f}/mean") for f in model.reward_components()]
+
+
+def _clip(model: RunModel) -> list[SeriesSpec]:
+    order = ["region_mean", "low_mean", "high_mean", "low_min", "high_max"]
+    names = model.metric_names("clip_ratio/")
+    names.sort(key=lambda n: (order.index(n[11:]) if n[11:] in order else len(order), n))
+    return [SeriesSpec(n[11:], n) for n in names]
+
+
+CHARTS = [
+    ("chart-entropy", "entropy", [SeriesSpec("entropy", "entropy")], None),
+    ("chart-length", "completion length", _length, _length_cap),
+    ("chart-reward", "reward", _reward, None),
+    ("chart-zero-std", "frac_reward_zero_std", [SeriesSpec("frac_reward_zero_std", "frac_reward_zero_std")], None),
+    ("chart-kl", "kl", [SeriesSpec("kl", "kl")], None),
+    ("chart-clip", "clip_ratio", _clip, None),
+    ("chart-grad", "grad_norm", [SeriesSpec("grad_norm", "grad_norm")], None),
+]
+
+
+class FindingsSummary(Static):
+    """The newest findings, one line each, next to the charts that show them."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__("", markup=False, **kwargs)
+
+    def show(self, model: RunModel) -> None:
+        app = self.app
+        t = Text()
+        t.append("findings", role_style(app, "primary", bold=True))
+        t.append(f"  {len(model.findings)}", role_style(app, "muted"))
+        if not model.findings:
+            t.append("\nnone so far", role_style(app, "muted"))
+        for f in model.findings[-6:][::-1]:
+            sev = str(f.get("severity"))
+            onset = f.get("onset_step")
+            t.append("\n")
+            t.append({"critical": "◆ ", "warning": "▲ "}.get(sev, "△ "), role_style(app, sev))
+            t.append(f"{short(f.get('step'))}", role_style(app, sev, bold=True))
+            if onset is not None:
+                t.append(f" (onset {short(onset)})", role_style(app, "muted"))
+            t.append(f" {visible(f.get('detector'))}: ")
+            t.append_text(one_line(f.get("message")))
+        self.update(t)
+
+
+class OverviewPanel(VerticalScroll):
+    def compose(self) -> ComposeResult:
+        with Grid(id="overview-grid"):
+            for cid, title, series, refs in CHARTS:
+                yield LineChart(title, series, refs=refs, id=cid, classes="overview-chart")
+            yield FindingsSummary(id="findings-summary")
+
+    def bind(self, model: RunModel) -> None:
+        for chart in self.query(LineChart):
+            chart.bind(model)
+
+    def show(self, model: RunModel) -> None:
+        for chart in self.query(LineChart):
+            chart.refresh()
+        self.query_one(FindingsSummary).show(model)
+
+    def focus_main(self) -> None:
+        self.focus()

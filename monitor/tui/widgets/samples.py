@@ -1,0 +1,233 @@
+"""The samples browser: every recorded completion, filterable, shown verbatim."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import DataTable, Input, Label, Static
+
+from monitor.tui.model import RunModel
+from monitor.tui.text import literal, one_line, visible
+from monitor.tui.widgets.common import role_style, short
+from monitor.tui.widgets.chart import fmt
+
+MAX_ROWS = 500  # newest matching samples shown; a filter narrows the rest down
+
+
+@dataclass
+class SampleFilter:
+    """Parsed filter text: step numbers or ranges, correct/incorrect, truncated, free text.
+
+    >>> f = SampleFilter.parse("10-20 incorrect  foo")
+    >>> f.steps, f.correct, f.text
+    ([(10, 20)], False, ['foo'])
+    >>> f.matches({"step": 12, "correct": False, "prompt": "", "completion": "a FOO b"})
+    True
+    """
+
+    steps: list[tuple[int, int]] = field(default_factory=list)
+    correct: bool | None = None
+    truncated: bool | None = None
+    text: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, spec: str) -> SampleFilter:
+        f = cls()
+        for tok in spec.split():
+            low = tok.lower()
+            m = re.fullmatch(r"(?:step[=:])?(\d+)(?:(?:-|\.\.)(\d+))?", low)
+            if m:
+                a = int(m.group(1))
+                b = int(m.group(2)) if m.group(2) else a
+                f.steps.append((min(a, b), max(a, b)))
+            elif low in ("correct", "right", "✓", "+correct"):
+                f.correct = True
+            elif low in ("incorrect", "wrong", "✗", "-correct", "!correct"):
+                f.correct = False
+            elif low in ("truncated", "trunc"):
+                f.truncated = True
+            elif low in ("complete", "!truncated", "-truncated"):
+                f.truncated = False
+            else:
+                f.text.append(low)
+        return f
+
+    def __bool__(self) -> bool:
+        return bool(self.steps or self.text) or self.correct is not None or self.truncated is not None
+
+    def matches(self, s: dict[str, Any]) -> bool:
+        if self.steps:
+            st = s.get("step")
+            if not isinstance(st, int) or not any(a <= st <= b for a, b in self.steps):
+                return False
+        if self.correct is not None and s.get("correct") is not self.correct:
+            return False
+        if self.truncated is not None and bool(s.get("truncated")) is not self.truncated:
+            return False
+        if self.text:
+            hay = f"{s.get('prompt', '')}\n{s.get('completion', '')}".lower()
+            if not all(t in hay for t in self.text):
+                return False
+        return True
+
+    def describe(self) -> str:
+        parts = [f"step {a}" if a == b else f"steps {a}-{b}" for a, b in self.steps]
+        if self.correct is not None:
+            parts.append("correct" if self.correct else "incorrect")
+        if self.truncated is not None:
+            parts.append("truncated" if self.truncated else "complete")
+        parts += [repr(t) for t in self.text]
+        return ", ".join(parts)
+
+
+class SamplesPanel(Vertical):
+    BINDINGS = [
+        Binding("slash", "open_filter", "Filter"),
+        Binding("escape", "close_filter", "Close filter", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Input(
+            placeholder="12 | 10-20 | correct | incorrect | truncated | text  (Enter applies, Esc closes)",
+            id="sample-filter",
+        )
+        yield Label("", id="samples-status", markup=False)
+        yield DataTable(id="samples", cursor_type="row", zebra_stripes=True)
+        with VerticalScroll(id="sample-detail-scroll"):
+            yield Static("", id="sample-detail", markup=False)
+
+    def on_mount(self) -> None:
+        self._model: RunModel | None = None
+        self._filter = SampleFilter()
+        self._shown_version: object = None
+        self._components: list[str] = []
+        self._rows: list[int] = []
+        self.query_one("#sample-filter", Input).display = False
+
+    # -- filter ----------------------------------------------------------------------------
+    def action_open_filter(self) -> None:
+        inp = self.query_one("#sample-filter", Input)
+        inp.display = True
+        inp.focus()
+
+    def action_close_filter(self) -> None:
+        inp = self.query_one("#sample-filter", Input)
+        if inp.display:
+            inp.display = False
+            self.query_one("#samples", DataTable).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "sample-filter":
+            return
+        event.stop()
+        self.set_filter(event.value)
+        event.input.display = False
+        self.query_one("#samples", DataTable).focus()
+
+    def set_filter(self, spec: str) -> None:
+        self._filter = SampleFilter.parse(spec)
+        self.query_one("#sample-filter", Input).value = spec
+        self._shown_version = None
+        if self._model is not None:
+            self.show(self._model)
+
+    # -- table -----------------------------------------------------------------------------
+    def show(self, model: RunModel) -> None:
+        self._model = model
+        key = (model.sample_version, self.app.theme)
+        if key == self._shown_version:
+            return
+        self._shown_version = key
+        app = self.app
+        table = self.query_one("#samples", DataTable)
+        comps = model.reward_components()
+        if comps != self._components or not table.columns:
+            table.clear(columns=True)
+            table.add_columns("step", "#", "prompt", "completion", *comps, "len", "trunc", "correct")
+            self._components = comps
+        keep_key = None
+        if table.row_count and table.cursor_row < len(self._rows):
+            keep_key = self._rows[table.cursor_row]
+        table.clear()
+        matched = [i for i, s in enumerate(model.samples) if self._filter.matches(s)]
+        shown = sorted(
+            matched[-MAX_ROWS * 4 :] if len(matched) > MAX_ROWS * 4 else matched,
+            key=lambda i: (-_int(model.samples[i].get("step")), _int(model.samples[i].get("index"))),
+        )[:MAX_ROWS]
+        self._rows = shown
+        for i in shown:
+            s = model.samples[i]
+            rewards = s.get("rewards") if isinstance(s.get("rewards"), dict) else {}
+            c = s.get("correct")
+            table.add_row(
+                Text(short(s.get("step"))),
+                Text(short(s.get("index"))),
+                one_line(s.get("prompt"), 24),
+                one_line(s.get("completion"), 40),
+                *(Text(fmt(rewards.get(k)) if rewards.get(k) is not None else "—") for k in comps),
+                Text(short(s.get("length"))),
+                Text("yes" if s.get("truncated") else "no", style=role_style(app, "warning" if s.get("truncated") else "muted")),
+                Text("✓" if c is True else "✗" if c is False else "—",
+                     style=role_style(app, "ok" if c is True else "critical" if c is False else "muted")),
+                key=str(i),
+            )
+        status = f"{len(shown)} of {len(model.samples)} samples"
+        if len(matched) > len(shown):
+            status = f"newest {len(shown)} of {len(matched)} matching ({len(model.samples)} samples)"
+        elif self._filter:
+            status = f"{len(matched)} of {len(model.samples)} samples match"
+        if self._filter:
+            status += f" · filter: {self._filter.describe()}"
+        status += "  (/ to filter)"
+        self.query_one("#samples-status", Label).update(status)
+        if table.row_count:
+            row = shown.index(keep_key) if keep_key in shown else 0
+            table.move_cursor(row=row)
+            self._detail(shown[row])
+        else:
+            self.query_one("#sample-detail", Static).update(Text("No samples match." if model.samples else "No samples recorded yet.", style=role_style(app, "muted")))
+
+    def _detail(self, index: int) -> None:
+        if self._model is None or not 0 <= index < len(self._model.samples):
+            return
+        s = self._model.samples[index]
+        app = self.app
+        head = role_style(app, "primary", bold=True)
+        muted = role_style(app, "muted")
+        t = Text()
+        c = s.get("correct")
+        t.append(f"step {short(s.get('step'))} · sample {short(s.get('index'))} · group {short(s.get('group'))}"
+                 f" · rank {short(s.get('rank'))} · {short(s.get('length'))} tokens"
+                 f"{' · truncated' if s.get('truncated') else ''} · correct: "
+                 f"{'yes' if c is True else 'no' if c is False else 'unknown'}\n", muted)
+        rewards = s.get("rewards") if isinstance(s.get("rewards"), dict) else {}
+        if rewards:
+            t.append("rewards: ", muted)
+            t.append(visible(", ".join(f"{k}={fmt(v) if v is not None else '—'}" for k, v in rewards.items())) + "\n")
+        t.append("\nPROMPT\n", head)
+        t.append_text(literal(s.get("prompt")))
+        t.append("\n\nCOMPLETION\n", head)
+        t.append_text(literal(s.get("completion")))
+        self.query_one("#sample-detail", Static).update(t)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key.value is not None:
+            self._detail(int(event.row_key.value))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value is not None:
+            self._detail(int(event.row_key.value))
+            self.query_one("#sample-detail-scroll").scroll_home(animate=False)
+
+    def focus_main(self) -> None:
+        self.query_one("#samples", DataTable).focus()
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else -1

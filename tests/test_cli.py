@@ -1,0 +1,79 @@
+"""The grpo-monitor command line, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from monitor import load_run
+from tests.test_callback import COMPONENTS, UNCONDITIONAL
+
+
+def cli(*args, check=False):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "monitor", *args], capture_output=True, text=True, env=env, check=check)
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_demo_leaves_a_complete_run_directory(tmp_path, moe):
+    run_dir = tmp_path / "demo"
+    out = cli("demo", "--steps", "5", "--run-dir", str(run_dir), *(["--moe"] if moe else []))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"run directory: {run_dir}" in out.stdout
+    frame = load_run(run_dir)
+    assert len(frame) >= 5
+    keys = UNCONDITIONAL + [f"rewards/{c}/{s}" for c in COMPONENTS for s in ("mean", "std")] + (["aux_loss"] if moe else [])
+    for key in keys:
+        assert key in frame.columns and all(math.isfinite(v) for v in frame[key]), key
+    if moe:
+        assert any(c.startswith("moe/") for c in frame.columns)
+
+
+def test_demo_reports_to_tensorboard_when_asked(tmp_path):
+    run_dir = tmp_path / "tb"
+    out = cli("demo", "--steps", "3", "--run-dir", str(run_dir), "--report-to", "tensorboard")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list((run_dir / "trainer").rglob("events.out.tfevents.*"))
+
+
+def test_analyze_json_shape_and_exit_codes(tmp_path):
+    run_dir = tmp_path / "demo"
+    cli("demo", "--steps", "4", "--run-dir", str(run_dir), check=True)
+    out = cli("analyze", str(run_dir), "--json")
+    doc = json.loads(out.stdout)
+    assert set(doc) == {"runs"} and len(doc["runs"]) == 1
+    run = doc["runs"][0]
+    assert set(run) == {"source", "steps", "findings", "recommendations"}
+    assert run["source"] == str(run_dir) and run["steps"] == 4
+    flagged = any(f["severity"] in ("warning", "critical") for f in run["findings"])
+    assert out.returncode == (1 if flagged else 0)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\x01garbage\xff", b'{"log_history": [{"step": 1, "loss"'])
+def test_analyze_bad_input_is_one_line_and_exit_2(tmp_path, content):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    out = cli("analyze", str(bad))
+    assert out.returncode == 2
+    assert out.stdout == "" and len(out.stderr.strip().splitlines()) == 1 and str(bad) in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_analyze_missing_path(tmp_path):
+    out = cli("analyze", str(tmp_path / "missing"))
+    assert out.returncode == 2 and "missing" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_markdown_report(tmp_path):
+    run_dir = tmp_path / "demo"
+    cli("demo", "--steps", "3", "--run-dir", str(run_dir), check=True)
+    md = tmp_path / "report.md"
+    out = cli("analyze", str(run_dir), "--markdown", str(md))
+    assert out.returncode in (0, 1)
+    text = md.read_text()
+    assert text.startswith("# grpo-monitor report") and "Verdict:" in text and "entropy" in text

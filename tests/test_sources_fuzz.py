@@ -1,0 +1,194 @@
+"""Property-based fuzzing of every reader: load_source returns a Source or raises SourceError, nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import struct
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from monitor.sources import Source, SourceError, load_source
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+NAMES = ["trainer_state.json", "metrics.jsonl", "history.csv", "events.out.tfevents.1", "log.txt", "noext"]
+
+
+def check(path: Path) -> Source | None:
+    try:
+        src = load_source(path)
+    except SourceError as exc:
+        msg = str(exc)
+        assert "\n" not in msg and msg.strip()
+        return None
+    steps = [s for s, _ in src.steps]
+    assert steps == sorted(set(steps)) and all(type(s) is int for s in steps)
+    for _, metrics in src.steps:
+        for k, v in metrics.items():
+            assert isinstance(k, str) and (v is None or type(v) is float)
+    assert src.format in ("run_dir", "trainer_state", "tensorboard", "csv", "jsonl")
+    assert all(isinstance(w, str) and "\n" not in w for w in src.warnings)
+    frame = src.frame()
+    assert len(frame) == len(src.steps)
+    return src
+
+
+@contextlib.contextmanager
+def folder():
+    with tempfile.TemporaryDirectory(prefix="fuzz-") as d:
+        yield Path(d)
+
+
+def check_bytes(data: bytes, name: str) -> Source | None:
+    with folder() as d:
+        p = d / name
+        p.write_bytes(data)
+        return check(p)
+
+
+def same_steps(a, b) -> bool:
+    def same(x, y):
+        return x == y or (x is not None and y is not None and math.isnan(x) and math.isnan(y))
+
+    return len(a) == len(b) and all(
+        sa == sb and ma.keys() == mb.keys() and all(same(ma[k], mb[k]) for k in ma) for (sa, ma), (sb, mb) in zip(a, b)
+    )
+
+
+@FUZZ
+@given(data=st.binary(max_size=2000), name=st.sampled_from(NAMES))
+def test_arbitrary_bytes(data, name):
+    check_bytes(data, name)
+
+
+@FUZZ
+@given(data=st.binary(max_size=500))
+def test_arbitrary_bytes_as_run_log(data):
+    with folder() as d:
+        (d / "run.jsonl").write_bytes(data)
+        check(d / "run.jsonl")
+        check(d)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+KEYS = st.sampled_from(["step", "loss", "entropy", "completion_length", "rewards/f", "train_runtime", "eval_loss",
+                        "global_step", "_step", "data", "metrics", "training/global_step", "actor/entropy"]) | st.text(max_size=6)
+ENTRY = st.dictionaries(KEYS, JSON, max_size=6)
+
+
+@FUZZ
+@given(value=JSON, name=st.sampled_from(NAMES))
+def test_arbitrary_json_document(value, name):
+    check_bytes(json.dumps(value).encode(), name)
+
+
+@FUZZ
+@given(history=st.one_of(JSON, st.lists(ENTRY, max_size=8)), extra=st.dictionaries(st.text(max_size=5), JSON, max_size=3),
+       indent=st.sampled_from([None, 2]))
+def test_arbitrary_trainer_state(history, extra, indent):
+    src = check_bytes(json.dumps({**extra, "log_history": history}, indent=indent).encode(), "trainer_state.json")
+    if src is not None:
+        assert src.format == "trainer_state"
+
+
+@FUZZ
+@given(lines=st.lists(st.one_of(ENTRY, JSON), max_size=8), torn=st.binary(max_size=20))
+def test_arbitrary_jsonl(lines, torn):
+    text = "".join(json.dumps(x) + "\n" for x in lines).encode() + torn
+    check_bytes(text, "metrics.jsonl")
+
+
+CELL = st.one_of(st.text(max_size=6), st.integers(-5, 10**6).map(str), st.floats().map(repr), st.just(""))
+
+
+@FUZZ
+@given(
+    header=st.lists(st.sampled_from(["step", "_step", "loss", "train/global_step", "a b", '"q"', ""]) | st.text(max_size=6),
+                    min_size=1, max_size=5),
+    rows=st.lists(st.lists(CELL, max_size=6), max_size=8),
+    delim=st.sampled_from([",", "\t", ";"]),
+)
+def test_arbitrary_csv(header, rows, delim):
+    text = delim.join(header) + "\n" + "".join(delim.join(r) + "\n" for r in rows)
+    check_bytes(text.encode("utf-8", "surrogatepass"), "history.csv")
+
+
+@FUZZ
+@given(records=st.lists(st.binary(max_size=60), max_size=8), tail=st.binary(max_size=10))
+def test_framed_records_with_arbitrary_payloads(records, tail):
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    with folder() as d:
+        p = d / "events.out.tfevents.0"
+        with open(p, "wb") as fh:
+            w = RecordWriter(fh)
+            for r in records:
+                w.write(r)
+            fh.write(tail)
+        check(p)
+        check(d)
+
+
+def _event(step: int, tag: bytes, value: float) -> bytes:
+    v = b"\x0a" + bytes([len(tag)]) + tag + b"\x15" + struct.pack("<f", value)
+    s = b"\x0a" + bytes([len(v)]) + v
+    step_bytes = b""
+    if step:
+        n, out = step, bytearray()
+        while n > 0x7F:
+            out.append(n & 0x7F | 0x80)
+            n >>= 7
+        out.append(n)
+        step_bytes = b"\x10" + bytes(out)
+    return b"\x09" + struct.pack("<d", 1.7e9 + step) + step_bytes + b"\x2a" + bytes([len(s)]) + s
+
+
+@FUZZ
+@given(
+    events=st.lists(st.tuples(st.integers(0, 10**6), st.binary(min_size=1, max_size=30), st.floats(width=32)), min_size=1, max_size=20),
+    flips=st.lists(st.tuples(st.integers(0, 10**5), st.integers(1, 255)), max_size=4),
+    cut=st.integers(0, 50),
+)
+def test_mutated_event_files(events, flips, cut):
+    from tensorboard.summary.writer.record_writer import RecordWriter
+    from monitor.sources.tensorboard import read_tensorboard
+
+    with folder() as d:
+        p = d / "events.out.tfevents.0"
+        with open(p, "wb") as fh:
+            w = RecordWriter(fh)
+            for step, tag, value in events:
+                w.write(_event(step, tag, value))
+        data = bytearray(p.read_bytes())
+        clean = check(p)
+        assert clean is not None  # an intact file always reads, and the fast path agrees with the parser
+        assert same_steps(clean.steps, read_tensorboard(p, fast=False).steps)
+        assert {s for s, _, _ in events} == {s for s, _ in clean.steps}
+        for pos, x in flips:
+            data[pos % len(data)] ^= x
+        p.write_bytes(bytes(data[: len(data) - cut]))
+        check(p)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_run_log_with_arbitrary_records(tmp_path, n):
+    @FUZZ
+    @given(records=st.lists(ENTRY, max_size=6))
+    def inner(records):
+        with folder() as d:
+            head = [{"type": "header", "schema": 1, "run_id": "x", "config": {"logging_steps": n}}]
+            lines = head + [{"type": "step", **r} for r in records]
+            (d / "run.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+            (d / "samples.rank0.jsonl").write_text("".join(json.dumps({"type": "sample", **r}) + "\n" for r in records))
+            check(d)
+
+    inner()
