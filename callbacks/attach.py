@@ -10,34 +10,58 @@ from typing import Any
 from callbacks.monitor_callback import MonitorCallback
 
 logger = logging.getLogger("grpo_monitor")
-ENV_RUN_DIR = "GRPO_MONITOR_RUN_DIR"
-ENV_PARENT_RUN = "GRPO_MONITOR_PARENT_RUN"
 
 
 def default_run_dir(trainer: Any) -> Path:
-    env = os.environ.get(ENV_RUN_DIR)
-    if env:
-        return Path(env)
     return Path(trainer.args.output_dir) / "grpo-monitor"
+
+
+def _check_overrides_applied(args: Any, overrides: dict[str, Any]) -> None:
+    from monitor.recommend import _same
+
+    missing = {k: v for k, v in overrides.items() if k != "output_dir" and not _same(getattr(args, k, None), v)}
+    if missing:
+        logger.warning(
+            "grpo-monitor: this relaunch did not apply the restart overrides %s: parse TRL flags "
+            "(HfArgumentParser/TrlParser) or call `args = monitor.restart.patched_args(args)` before building the trainer",
+            missing,
+        )
 
 
 def attach(trainer: Any, run_dir: str | os.PathLike[str] | None = None, *, dashboard: bool = False, **options: Any) -> MonitorCallback:
     """Attach the monitor to a ``GRPOTrainer`` (or any TRL/transformers trainer) and return its callback.
 
-    ``run_dir`` defaults to ``$GRPO_MONITOR_RUN_DIR`` or ``<output_dir>/grpo-monitor``. Options:
+    ``run_dir`` defaults to ``<output_dir>/grpo-monitor``; under ``grpo-monitor supervise`` the
+    supervisor's segment directory wins. Options:
     ``detectors`` (a list replacing the built-in set), ``correctness_reward`` / ``format_reward``
     (reward function names; guessed from the names otherwise), ``correct_threshold`` (a correctness
     reward above it counts as correct; default 0), ``moe_probe_every`` (routing flip-rate probe
-    interval in steps), ``max_text_chars`` (prompt/completion text kept per sample).
+    interval in steps), ``max_text_chars`` (prompt/completion text kept per sample),
+    ``auto_restart`` (stop on a confirmed finding and write a restart plan; off by default),
+    ``max_restarts`` (default 2), ``restart_from`` (``before_onset``, ``latest`` or ``initial``).
 
     >>> monitor_cb = attach(trainer)          # doctest: +SKIP
     >>> trainer.train()                       # doctest: +SKIP
     """
+    from monitor.restart import env_state
+
     for cb in getattr(trainer.callback_handler, "callbacks", []):
         if isinstance(cb, MonitorCallback):
             return cb  # attaching twice would double-wrap the reward functions
-    directory = Path(run_dir) if run_dir is not None else default_run_dir(trainer)
-    options.setdefault("parent_run", os.environ.get(ENV_PARENT_RUN) or None)
+    supervised = env_state()
+    directory = Path(supervised["run_dir"] or run_dir or default_run_dir(trainer))
+    if supervised["run_dir"]:
+        options.setdefault("segment", supervised["segment"])
+        options.setdefault("restarts_done", supervised["segment"])
+        options.setdefault("lineage_root", directory.parent if supervised["segment"] > 0 else directory)
+        options.setdefault("tried", supervised["tried"])
+        options.setdefault("applied_overrides", supervised["overrides"])
+        if supervised["auto_restart"]:
+            options.setdefault("auto_restart", True)
+        if supervised["max_restarts"] is not None:
+            options.setdefault("max_restarts", supervised["max_restarts"])
+        _check_overrides_applied(trainer.args, supervised["overrides"])
+    options.setdefault("parent_run", supervised["parent_run"])
     callback = MonitorCallback(trainer, directory, **options)
     trainer.add_callback(callback)
     if dashboard and getattr(trainer.args, "process_index", 0) == 0:

@@ -11,7 +11,6 @@ per component and the training goes on.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import platform
 import sys
@@ -73,13 +72,38 @@ class MonitorCallback(TrainerCallback):
         parent_run: str | None = None,
         moe_probe_every: int = 10,
         max_text_chars: int = 2000,
+        auto_restart: bool = False,
+        max_restarts: int = 2,
+        restart_from: str = "before_onset",
+        segment: int = 0,
+        tried: Sequence[str] = (),
+        applied_overrides: dict[str, Any] | None = None,
+        restarts_done: int = 0,
+        lineage_root: str | os.PathLike[str] | None = None,
     ) -> None:
+        from monitor.restart import RESTART_FROM
+
+        if restart_from not in RESTART_FROM:
+            raise ValueError(f"restart_from must be one of {RESTART_FROM}, got {restart_from!r}")
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         self.trainer = trainer
         self.run_dir = Path(run_dir)
         self.correct_threshold = correct_threshold
         self.parent_run = parent_run
         self.moe_probe_every = moe_probe_every
         self.max_text_chars = max_text_chars
+        self.auto_restart = bool(auto_restart)
+        self.max_restarts = int(max_restarts)
+        self.restart_from = restart_from
+        self.segment = int(segment)
+        self.tried = list(tried)
+        self.applied_overrides = dict(applied_overrides or {})
+        self.restarts_done = int(restarts_done)
+        self.lineage_root = Path(lineage_root) if lineage_root is not None else self.run_dir
+        self.restart_plan: Any = None
+        self.run_id = uuid.uuid4().hex[:12]
+        self.recommended: set[str] = set()
         self.errors: dict[str, str] = {}
         self.writer: RunWriter | None = None
         self.router_tap: Any = None
@@ -164,7 +188,7 @@ class MonitorCallback(TrainerCallback):
         self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0)
         if state.is_world_process_zero:
             self.writer.header(
-                run_id=uuid.uuid4().hex[:12],
+                run_id=self.run_id,
                 start_time=time.time(),
                 versions=library_versions(),
                 config=config,
@@ -176,6 +200,10 @@ class MonitorCallback(TrainerCallback):
                 format_reward=self.format_reward,
                 resumed_from_step=int(state.global_step),
                 argv=list(sys.argv),
+                segment=self.segment,
+                applied_overrides=self.applied_overrides,
+                tried_variants=self.tried,
+                auto_restart=self.auto_restart,
             )
             if self.context.logging_steps > 1:
                 msg = (f"logging_steps={self.context.logging_steps}: metrics are averaged over "
@@ -191,8 +219,6 @@ class MonitorCallback(TrainerCallback):
         tap = RouterTap.for_model(model, probe_every=self.moe_probe_every)
         if tap is None:
             return
-        if tap.message:
-            logger.info("grpo-monitor: %s", tap.message)
         tap.install()
         self.router_tap = tap
 
@@ -200,16 +226,19 @@ class MonitorCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs:
-            self._guard("step record", self._log, state, dict(logs))
+            findings = self._guard("step record", self._log, state, dict(logs))
+            if self.auto_restart and self.restart_plan is None:
+                self._guard("auto-restart", self._maybe_restart, args, state, control, findings or [])
+        return control
 
-    def _log(self, state: Any, logs: dict[str, Any]) -> None:
+    def _log(self, state: Any, logs: dict[str, Any]) -> list[Any]:
         step = int(state.global_step)
         writer = self.writer
         if writer is None:
             return
         if SUMMARY_KEYS & logs.keys():
             writer.write({"type": "summary", "step": step, "metrics": normalize_metrics(logs)})
-            return
+            return []
         metrics = normalize_metrics(logs)
         samples = self._guard("reward tap", self.reward_tap.drain, step) if self.reward_tap else None
         samples = samples or []
@@ -227,11 +256,87 @@ class MonitorCallback(TrainerCallback):
         findings = self.engine.update(step, metrics, samples) if self.engine is not None else []
         if self.engine is not None:
             record["detectors"] = {k: v["state"] for k, v in self.engine.states().items()}
+        recs = [r for r in (self._recommend(f) for f in findings) if r is not None]
         if state.is_world_process_zero:
-            writer.write(record, *({"type": "finding", **f.to_dict()} for f in findings))
+            writer.write(record, *({"type": "finding", **f.to_dict()} for f in findings), *recs)
             for f in findings:
                 logger.warning("grpo-monitor: [%s] %s at step %d: %s", f.severity, f.detector, f.step, f.message)
+            for r in recs:
+                logger.warning("grpo-monitor: recommended %s: %s", r["variant"], r["python"])
         self.last_step_written = step
+        return findings
+
+    def _recommend(self, finding: Any) -> dict[str, Any] | None:
+        from monitor.recommend import recommend
+
+        rec = recommend(finding.to_dict(), self.context.config, is_moe=self.context.is_moe,
+                        tried=[*self.tried, *self.recommended])
+        if rec is not None:
+            self.recommended.add(rec["variant"])
+        return rec
+
+    # -- auto-restart ---------------------------------------------------------------------
+
+    def _maybe_restart(self, args: Any, state: Any, control: Any, findings: list[Any]) -> None:
+        plan = None
+        try:
+            plan = self._decide(args, state, findings)
+        except Exception as exc:  # still join the collective below, or the other ranks would wait forever
+            self.report_error("auto-restart", exc)
+        plan = _agree_across_ranks(plan)
+        if plan is None:
+            return
+        self.restart_plan = plan
+        control.should_training_stop = True
+        control.should_save = True  # checkpoint at the stop; every checkpoint is kept
+        if state.is_world_process_zero:
+            from monitor.restart import write_plan
+
+            write_plan(self.run_dir, plan)
+            if self.writer is not None:
+                self.writer.write({"type": "restart", "step": plan.step, "variant": plan.variant,
+                                   "config_overrides": plan.config_overrides, "resume_from": plan.resume_from,
+                                   "child_run": Path(plan.next_run_dir).name, "reasons": plan.reasons})
+            logger.warning("grpo-monitor: stopping at step %d to restart with %s (%s); resume from %s",
+                           plan.step, plan.variant, plan.config_overrides, plan.resume_from or "the initial model")
+
+    def _decide(self, args: Any, state: Any, findings: list[Any]) -> Any:
+        from monitor.recommend import recommend
+
+        if self.restarts_done >= self.max_restarts:
+            return None
+        for f in findings:
+            rec = recommend(f.to_dict(), self.context.config, is_moe=self.context.is_moe, tried=self.tried)
+            if rec is not None:
+                return self._plan(args, state, f, rec)
+        return None
+
+    def _plan(self, args: Any, state: Any, finding: Any, rec: dict[str, Any]) -> Any:
+        from monitor.catalogue import validate
+        from monitor.restart import RestartPlan, choose_checkpoint, segment_dir
+
+        diff = validate(rec["config_overrides"])
+        nxt = self.segment + 1
+        output_dir = getattr(args, "output_dir", None)
+        # Each segment trains into <first output_dir>/segment-<n>, so no checkpoint is overwritten.
+        base_output = (Path(output_dir).parent if self.segment > 0 else Path(output_dir)) if output_dir else None
+        return RestartPlan(
+            segment=self.segment,
+            step=int(state.global_step),
+            variant=rec["variant"],
+            config_overrides=diff,
+            cumulative_overrides={k: v for k, v in {**self.applied_overrides, **diff}.items() if k != "output_dir"},
+            resume_from=choose_checkpoint(output_dir, finding.onset_step, int(state.global_step), self.restart_from),
+            onset_step=finding.onset_step,
+            findings=[finding.to_dict()],
+            reasons=rec["reasons"],
+            tried=[*self.tried, rec["variant"]],
+            parent_run=self.run_id,
+            output_dir=output_dir,
+            next_run_dir=str(segment_dir(self.lineage_root, nxt)),
+            next_output_dir=str(Path(base_output) / f"segment-{nxt}") if base_output else None,
+            restarts_done=self.restarts_done + 1,
+        )
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.router_tap is not None:
@@ -242,9 +347,14 @@ class MonitorCallback(TrainerCallback):
             self.writer = None
 
 
-def finite_or_none(x: Any) -> float | None:
+def _agree_across_ranks(plan: Any) -> Any:
+    """Every rank adopts rank 0's decision, so all of them stop at the same step (or none does)."""
     try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+        import torch.distributed as dist
+    except ImportError:
+        return plan
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return plan
+    box = [plan]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

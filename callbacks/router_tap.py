@@ -41,13 +41,15 @@ sums to 1, rounded to 4 decimals), for a heatmap; it is empty when nothing was c
 What is recorded, and why it stays cheap:
 
 * Only forwards that build an autograd graph are recorded: a pre-hook on the decoder that owns the
-  routers notes ``torch.is_grad_enabled()`` at its entry. ``model.generate`` runs under
+  routers notes ``torch.is_grad_enabled()`` at its entry and only then attaches the router hooks,
+  which a post-hook detaches when the decoder returns. ``model.generate`` runs under
   ``torch.no_grad()`` (transformers decorates it), and so do TRL's old-policy and reference
-  log-prob passes, so decode steps, which would call every hook once per generated token, cost one
-  flag test each. The decoder-level check (rather than one inside each router hook) keeps the
-  training forward recorded under reentrant gradient checkpointing, which runs layers with grad off.
-* Gradient-checkpoint replays during backward are skipped (``torch._C._current_graph_task_id()``
-  is -1 outside a backward pass), so counts are the same with checkpointing on or off.
+  log-prob passes, so a decode step costs two decoder-level hook calls, not one per MoE layer. The
+  decoder-level check (rather than one inside each router hook) keeps the training forward recorded
+  under reentrant gradient checkpointing, which runs the layers with grad off.
+* Gradient-checkpoint replays during backward find no router hook attached (and the hook would also
+  skip itself: ``torch._C._current_graph_task_id()`` is -1 only outside a backward pass), so counts
+  are the same with checkpointing on or off.
 * The padding mask comes from the ``attention_mask`` passed to the decoder and is matched with the
   router's flattened ``batch * sequence`` tokens; when no 2-D mask matches, every token counts.
 * Accumulation stays on the router's device in a few small tensors per layer (no ``.item()`` per hook
@@ -357,6 +359,7 @@ class RouterTap:
         finally:
             self._probing = False
             self._mode = None
+            self._detach()
             for m, training in states:
                 m.training = training
         valid = (mask != 0).reshape(-1) if mask is not None else None

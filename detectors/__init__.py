@@ -1,7 +1,40 @@
 """Online detectors of GRPO failure modes: pure statistics over logged steps (numpy/scipy only)."""
 
 from detectors.base import DETECTOR_IDS, Detector, Finding, RunContext
+from detectors.degenerate_long_cot import DegenerateLongCot
+from detectors.entropy_collapse import EntropyCollapse
+from detectors.length_reward_coupling import LengthRewardCoupling
+from detectors.moe_instability import MoeInstability
+from detectors.moe_model_detected import MoeModelDetected
+from detectors.no_learning_signal import NoLearningSignal
+from detectors.non_finite import NonFinite
+from detectors.reward_component_divergence import RewardComponentDivergence
+from detectors.variants import VARIANT_PRESETS
 
-ALL_DETECTORS: list[type[Detector]] = []
+ALL_DETECTORS: list[type[Detector]] = [
+    EntropyCollapse,
+    DegenerateLongCot,
+    LengthRewardCoupling,
+    MoeInstability,
+    NoLearningSignal,
+    RewardComponentDivergence,
+    NonFinite,
+    MoeModelDetected,
+]
 
-__all__ = ["ALL_DETECTORS", "DETECTOR_IDS", "Detector", "Finding", "RunContext"]
+__all__ = [
+    "ALL_DETECTORS",
+    "DETECTOR_IDS",
+    "DegenerateLongCot",
+    "Detector",
+    "EntropyCollapse",
+    "Finding",
+    "LengthRewardCoupling",
+    "MoeInstability",
+    "MoeModelDetected",
+    "NoLearningSignal",
+    "NonFinite",
+    "RewardComponentDivergence",
+    "RunContext",
+    "VARIANT_PRESETS",
+]

@@ -8,13 +8,12 @@ run's own baseline: a run that sits at the cap from step 1 (a random-init model)
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import CorrectnessSource, EntropyTrack, LevelTrack, get, sample_length
+from detectors.signals import StepClock, CorrectnessSource, EntropyTrack, LevelTrack, get, sample_length
 from detectors.stats import Window, median, rounded
 from detectors.variants import EXTRA_ADVICE
 
@@ -52,7 +51,8 @@ class DegenerateLongCot(EpisodeDetector):
 
     Parameters: ``entropy_ratio`` (entropy at or above this multiple of the baseline counts as
     exploding), ``clip_rise`` (rise of the truncated share over its baseline), ``cap_fraction``
-    (mean length within this share of ``max_completion_length`` counts as at the cap),
+    (share of the distance from the baseline length to ``max_completion_length`` that counts as
+    running to the cap),
     ``reward_drop`` (relative fall of correctness below its baseline), ``settle_half``/``settle_tol``.
 
     >>> det = DegenerateLongCot()
@@ -73,7 +73,7 @@ class DegenerateLongCot(EpisodeDetector):
         self,
         entropy_ratio: float = 2.0,
         clip_rise: float = 0.3,
-        cap_fraction: float = 0.85,
+        cap_fraction: float = 0.5,
         reward_drop: float = 0.3,
         settle_half: int = 3,
         settle_tol: float = 0.3,
@@ -88,28 +88,18 @@ class DegenerateLongCot(EpisodeDetector):
 
     def _reset_state(self) -> None:
         h = self.settle_half
-        self.entropy = EntropyTrack(window=16, half=h, tol=self.settle_tol)
-        self.length = LevelTrack(window=16, half=h, tol=self.settle_tol)
-        self.clipped = LevelTrack(window=16, half=h, tol=10.0, positive=False)
-        self.correct = LevelTrack(window=16, half=h, tol=10.0, positive=False)
-        self.repetition = LevelTrack(window=16, half=h, tol=10.0, positive=False)
+        self.entropy = EntropyTrack(window=16, half=h, tol=self.settle_tol, min_span=20)
+        self.length = LevelTrack(window=16, half=h, tol=self.settle_tol, min_span=20)
+        self.clipped = LevelTrack(window=16, half=h, tol=10.0, positive=False, min_span=20)
+        self.correct = LevelTrack(window=16, half=h, tol=10.0, positive=False, min_span=20)
+        self.repetition = LevelTrack(window=16, half=h, tol=10.0, positive=False, min_span=20)
         self.correctness = CorrectnessSource(self.context)
-        self._gaps: deque[int] = deque(maxlen=5)
-        self._last_step: int | None = None
         self._saw_entropy = False
         cap = (self.context.config or {}).get("max_completion_length")
         self.cap = float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
         self.flags = Window(16)
 
-    def _persist_points(self) -> int:
-        if not self._gaps:
-            return 3
-        return 3 if median(list(self._gaps)) <= 2 else 2
-
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        if self._last_step is not None and step > self._last_step:
-            self._gaps.append(step - self._last_step)
-        self._last_step = step
         h = self.entropy.push_metrics(step, metrics)
         self._saw_entropy = self._saw_entropy or h is not None
         L = get(metrics, "completions/mean_length")
@@ -133,7 +123,7 @@ class DegenerateLongCot(EpisodeDetector):
         return self._judge(step)
 
     def _judge(self, step: int) -> Assessment:
-        k = self._persist_points()
+        k = self.clock.points()
         relax = 0.75 if self.in_episode else 1.0
         ev: dict[str, Any] = {"persist_points": k}
         signals: list[str] = []
@@ -151,18 +141,17 @@ class DegenerateLongCot(EpisodeDetector):
             Lb = self.length.base or 0.0
             ev["mean_length"] = {"recent": rounded(Lr), "baseline": rounded(Lb), "max_completion_length": self.cap}
             if self.cap:
-                base_gap = max(self.cap - Lb, 1.0)
-                # Closed at least half of the distance to the cap, and now near it.
-                length_up = Lr >= Lb + 0.5 * base_gap * relax and Lr >= self.cap * self.cap_fraction * relax
+                # Closed at least ``cap_fraction`` of the distance from the baseline to the cap.
+                length_up = Lr >= Lb + self.cap_fraction * max(self.cap - Lb, 1.0) * relax
             else:
-                length_up = Lr >= 1.3 * Lb
+                length_up = Lr >= (1.0 + 0.5 * relax) * Lb
             if length_up:
                 signals.append("length_to_cap")
         clip_up = False
         if self.clipped.ready:
             cr = self.clipped.recent(k) or 0.0
             cb = self.clipped.base or 0.0
-            need = cb + max(self.clip_rise * relax, 0.5 * (1 - cb) * relax)
+            need = cb + min(self.clip_rise, 0.5 * (1 - cb)) * relax
             ev["clipped_ratio"] = {"recent": rounded(cr), "baseline": rounded(cb), "threshold": rounded(min(need, 1.0))}
             clip_up = cr >= min(need, 0.999)
             if clip_up:
@@ -198,7 +187,7 @@ class DegenerateLongCot(EpisodeDetector):
                 f"+trl.rewards.get_soft_overlong_punishment(max_completion_len={int(self.cap)}, "
                 f"soft_punish_cache={max(1, int(self.cap) // 4)})"
             )
-        level = 2 if (crit and (self.episode_len >= 1 or len(signals) >= 4)) else (1 if warn or crit else 0)
+        level = 2 if (crit and self.episode_len >= 1) else (1 if warn or crit else 0)
         onset = None
         if level:
             onset = self._onset()

@@ -10,13 +10,12 @@ reward spread, near-identical completions within groups, or stalled correctness.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectors.base import Metrics, Sample
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import CorrectnessSource, EntropyTrack, get, groups_of
+from detectors.signals import StepClock, CorrectnessSource, EntropyTrack, get, groups_of
 from detectors.stats import Window, mann_kendall, median, rounded
 
 
@@ -59,8 +58,9 @@ class EntropyCollapse(EpisodeDetector):
 
     Parameters: ``drop_ratio`` (entropy at or below this share of the baseline counts as far
     below), ``trend_ratio`` with ``alpha`` (a significant downward trend below this share also
-    counts when diversity is lost), ``settle_half``/``settle_tol``/``max_settle_points`` (how the
-    post-transient baseline is found), ``window`` (trend window, points).
+    counts when diversity is lost), ``settle_half``/``settle_tol``/``max_settle_points``/``settle_span``
+    (how the post-transient baseline is found: two half-windows of at least ``settle_half`` points
+    spanning ``settle_span`` steps whose medians agree within ``settle_tol`` in log space), ``window`` (trend window, points).
 
     >>> det = EntropyCollapse()
     >>> found = []
@@ -86,7 +86,8 @@ class EntropyCollapse(EpisodeDetector):
         alpha: float = 0.01,
         settle_half: int = 3,
         settle_tol: float = 0.3,
-        max_settle_points: int = 30,
+        max_settle_points: int = 60,
+        settle_span: int = 20,
         window: int = 48,
     ) -> None:
         self.drop_ratio = check_float("drop_ratio", drop_ratio, 0.0, 1.0, low_open=True, high_open=True)
@@ -97,12 +98,14 @@ class EntropyCollapse(EpisodeDetector):
         self.settle_half = check_int("settle_half", settle_half, 1)
         self.settle_tol = check_float("settle_tol", settle_tol, 0.0, 5.0, low_open=True)
         self.max_settle_points = check_int("max_settle_points", max_settle_points, 2 * settle_half)
+        self.settle_span = check_int("settle_span", settle_span, 0)
         self.window = check_int("window", window, 8)
         super().__init__()
 
     def _reset_state(self) -> None:
         h = self.settle_half
-        self.entropy = EntropyTrack(window=self.window, half=h, tol=self.settle_tol, max_points=self.max_settle_points)
+        self.entropy = EntropyTrack(window=self.window, half=h, tol=self.settle_tol, max_points=self.max_settle_points,
+                                    min_span=self.settle_span)
         self.zero_std = _Corroborator(h)
         self.reward_std = _Corroborator(h)
         self.dup = _Corroborator(h)
@@ -113,14 +116,6 @@ class EntropyCollapse(EpisodeDetector):
         self.pairs: list[tuple[float, float]] = []
         self._pair_stride = 1
         self._pair_count = 0
-        self._gaps: deque[int] = deque(maxlen=5)
-        self._last_step: int | None = None
-
-    def _persist_points(self) -> int:
-        # Coarse logs (every 5-10 steps) already average out one-step spikes: two points suffice.
-        if not self._gaps:
-            return 3
-        return 3 if median(list(self._gaps)) <= 2 else 2
 
     def _add_pair(self, h: float, r: float) -> None:
         self._pair_count += 1
@@ -132,13 +127,10 @@ class EntropyCollapse(EpisodeDetector):
             self._pair_stride *= 2
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        if self._last_step is not None and step > self._last_step:
-            self._gaps.append(step - self._last_step)
-        self._last_step = step
         freeze_from = self.entropy.base_step
         h = self.entropy.push_metrics(step, metrics)
         if self.entropy.base_step is not None and freeze_from is None:
-            first = self.entropy.window.steps[max(0, len(self.entropy.window) - 2 * self.settle_half)]
+            first = self.entropy.baseline.steps[0] if self.entropy.baseline.steps else step
             for c in (self.zero_std, self.reward_std, self.dup):
                 c.freeze(first)
             vals = [v for s, v in zip(self.correct.steps, self.correct.values) if s >= first]
@@ -168,7 +160,7 @@ class EntropyCollapse(EpisodeDetector):
         return self._judge(step, h)
 
     def _judge(self, step: int, h: float) -> Assessment:
-        k = self._persist_points()
+        k = self.clock.points()
         base = self.entropy.base or 0.0
         ratio = self.entropy.ratio(k) or 1.0
         last = h / base if base > 0 else 1.0
@@ -193,8 +185,11 @@ class EntropyCollapse(EpisodeDetector):
                 falling = mk.p_down < self.alpha
         corroborators = self._corroborators(k, ev)
         diversity = [c for c in corroborators if c != "correctness_stalled"]
+        stalled = "correctness_stalled" in corroborators
         level = 0
-        if (strong_drop and corroborators) or (falling and diversity):
+        # A falling entropy with fewer distinct rewards is also what success looks like (groups
+        # solved by every completion), so the trend path needs correctness to have stalled too.
+        if (strong_drop and corroborators) or (falling and diversity and stalled):
             level = 1
             if strong_drop and len(corroborators) >= 2 and diversity and self.episode_len >= 1:
                 level = 2

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectors.base import Detector, Finding, Metrics, Sample
+from detectors.signals import StepClock
 from detectors.variants import preset
 
 STATES = ("warming_up", "ok", "warning", "critical")
@@ -51,6 +52,8 @@ class EpisodeDetector(Detector):
     """Base of the warning/critical detectors; subclasses implement ``_assess`` and ``_message``."""
 
     clear_after: int = 3
+    # An episode also needs this many training steps of health to end (fine logs clear slower).
+    clear_steps: int = 10
 
     def _reset(self) -> None:
         self.state = "warming_up"
@@ -60,6 +63,16 @@ class EpisodeDetector(Detector):
         self.episode_len = 0
         self._emitted = 0
         self._healthy_run = 0
+        self._healthy_since: int | None = None
+        self._pending = 0
+        self._pending_onset: int | None = None
+        self._pending_first: int | None = None
+        self.clock = StepClock()
+        # Opening an episode takes ``confirm_points`` consecutive assessments at level >= 1 that
+        # also cover ``confirm_steps`` training steps (one point of a coarse log covers several),
+        # so fine and coarse logs need the same stretch of training as evidence.
+        self.confirm_points = 1
+        self.confirm_steps = 0
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -77,6 +90,7 @@ class EpisodeDetector(Detector):
     def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
         if not isinstance(metrics, Mapping):
             metrics = {}
+        self.clock.tick(step)
         a = self._assess(step, metrics, samples)
         if a is None:
             return []
@@ -85,12 +99,27 @@ class EpisodeDetector(Detector):
             self.state = "warming_up"
             return []
         findings: list[Finding] = []
+        if a.level >= 1 and not self.in_episode:
+            self._pending += 1
+            if self._pending == 1:
+                self._pending_onset = a.onset_step if a.onset_step is not None else step
+                self._pending_first = step
+            covered = step - (self._pending_first or step) + self.clock.gap
+            if self._pending < max(1, self.confirm_points) or covered < self.confirm_steps:
+                self.state = "ok"
+                return findings
         if a.level >= 1:
             self._healthy_run = 0
+            self._healthy_since = None
             if not self.in_episode:
                 self.in_episode = True
-                self.episode_start = a.onset_step if a.onset_step is not None else step
+                onset = a.onset_step if a.onset_step is not None else step
+                if self._pending_onset is not None:
+                    onset = min(onset, self._pending_onset)
+                self.episode_start = onset
                 self.episode_len = 0
+                self._pending = 0
+                self._pending_onset = None
             self.episode_len += 1
             if a.level > self._emitted:
                 severity = "critical" if a.level >= 2 else "warning"
@@ -110,12 +139,16 @@ class EpisodeDetector(Detector):
             self.state = "critical" if self._emitted >= 2 else "warning"
         elif self.in_episode:
             self._healthy_run += 1
-            if self._healthy_run >= self.clear_after:
+            if self._healthy_since is None:
+                self._healthy_since = step
+            if self._healthy_run >= self.clear_after and step - self._healthy_since >= self.clear_steps - 1:
                 self.in_episode = False
                 self.episode_start = None
                 self.episode_len = 0
                 self._emitted = 0
                 self.state = "ok"
         else:
+            self._pending = 0
+            self._pending_onset = None
             self.state = "ok"
         return findings

@@ -10,14 +10,13 @@ accounted for. Length and correctness rising together is learning, not coupling.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectors.base import Metrics, Sample
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import CorrectnessSource, EntropyTrack, LevelTrack, get, groups_of, sample_length, sample_reward
-from detectors.stats import Window, mann_kendall, median, pearson, rounded, theil_sen
+from detectors.signals import StepClock, CorrectnessSource, EntropyTrack, LevelTrack, get, groups_of, sample_length, sample_reward
+from detectors.stats import Window, mann_kendall, median, ols_slope, pearson, rounded, theil_sen
 
 
 def within_group_length_reward_corr(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
@@ -37,8 +36,9 @@ def within_group_length_reward_corr(samples: Sequence[Sample], max_samples: int 
 class LengthRewardCoupling(EpisodeDetector):
     """Mean completion length trending up significantly while correctness stalls.
 
-    Parameters: ``alpha`` (one-sided significance of the length trend), ``stall_alpha``
-    (correctness counts as stalled when its own upward trend has a p-value above this),
+    Parameters: ``alpha`` (one-sided significance of the length trend), ``stall_elasticity``
+    (correctness counts as stalled when its relative gain across the window is below this share of
+    the length's relative growth: learning moves both, coupling only length),
     ``min_growth`` (relative length growth across the trend window), ``level_ratio`` (recent
     length over the settled baseline), ``span_steps`` (trend window in training steps, so coarse
     and fine logs agree), ``min_points``/``max_points`` (bounds of that window in logged points),
@@ -62,16 +62,16 @@ class LengthRewardCoupling(EpisodeDetector):
     def __init__(
         self,
         alpha: float = 0.01,
-        stall_alpha: float = 0.1,
-        min_growth: float = 0.2,
-        level_ratio: float = 1.25,
-        span_steps: int = 60,
+        stall_elasticity: float = 0.25,
+        min_growth: float = 0.3,
+        level_ratio: float = 1.3,
+        span_steps: int = 100,
         min_points: int = 6,
-        max_points: int = 40,
+        max_points: int = 100,
         corr_threshold: float = 0.3,
     ) -> None:
         self.alpha = check_float("alpha", alpha, 0.0, 0.5, low_open=True)
-        self.stall_alpha = check_float("stall_alpha", stall_alpha, 0.0, 1.0, low_open=True, high_open=True)
+        self.stall_elasticity = check_float("stall_elasticity", stall_elasticity, 0.0, 10.0, low_open=True)
         self.min_growth = check_float("min_growth", min_growth, 0.0, 100.0, low_open=True)
         self.level_ratio = check_float("level_ratio", level_ratio, 1.0, 100.0, low_open=True)
         self.span_steps = check_int("span_steps", span_steps, 1)
@@ -81,22 +81,16 @@ class LengthRewardCoupling(EpisodeDetector):
         super().__init__()
 
     def _reset_state(self) -> None:
-        self.length = LevelTrack(window=self.max_points, half=3, tol=0.3)
+        self.length = LevelTrack(window=self.max_points, half=3, tol=0.3, min_span=20)
         self.correct = Window(self.max_points)
         self.reward = Window(self.max_points)
         self.correctness = CorrectnessSource(self.context)
-        self.entropy = EntropyTrack(window=8, half=3, tol=0.3)
+        self.entropy = EntropyTrack(window=8, half=3, tol=0.3, min_span=20)
         self.clipped = Window(8)
         self.corr = Window(self.max_points)
         self.len_correct = Window(self.max_points)
         self.len_incorrect = Window(self.max_points)
-        self._gaps: deque[int] = deque(maxlen=5)
-        self._last_step: int | None = None
-
-    def _persist_points(self) -> int:
-        if not self._gaps:
-            return 3
-        return 3 if median(list(self._gaps)) <= 2 else 2
+        self.confirm_points, self.confirm_steps = 2, 10
 
     def _push_samples(self, step: int, samples: Sequence[Sample]) -> None:
         c = within_group_length_reward_corr(samples)
@@ -117,9 +111,6 @@ class LengthRewardCoupling(EpisodeDetector):
             self.len_incorrect.push(step, sum(bad) / len(bad))
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        if self._last_step is not None and step > self._last_step:
-            self._gaps.append(step - self._last_step)
-        self._last_step = step
         self.entropy.push_metrics(step, metrics)
         c = get(metrics, "completions/clipped_ratio")
         if c is not None:
@@ -149,7 +140,7 @@ class LengthRewardCoupling(EpisodeDetector):
         return steps, vals
 
     def _judge(self, step: int) -> Assessment:
-        k = self._persist_points()
+        k = self.clock.points()
         base = self.length.base or 0.0
         recent = self.length.recent(k) or 0.0
         ratio = recent / base if base > 0 else 0.0
@@ -176,11 +167,16 @@ class LengthRewardCoupling(EpisodeDetector):
         ev["length_trend"] = dict(mk_len.as_evidence(), relative_growth=rounded(growth, 3))
         length_rising = mk_len.p_up < self.alpha and growth >= self.min_growth
         mk_c = mann_kendall(cv, cs)
-        c_gain = theil_sen(cs, cv) * span
+        # Least squares, not Theil-Sen: a binary-reward mean is quantised and its pairwise slopes tie at 0.
+        c_gain = ols_slope(cs, cv) * span
+        c_rel = c_gain / max(abs(median(cv)), 1e-3)
+        elasticity = c_rel / growth if growth > 0 else 0.0
         ev["correctness"] = {"metric": self.correctness.key, "p_up": rounded(mk_c.p_up, 3), "p_down": rounded(mk_c.p_down, 3),
-                             "gain_over_window": rounded(c_gain), "recent": rounded(median(cv[-k:]))}
-        stalled = mk_c.p_up > self.stall_alpha * (1.5 if self.in_episode else 1.0)
-        falling = mk_c.p_down < 0.1
+                             "gain_over_window": rounded(c_gain), "relative_gain": rounded(c_rel, 3),
+                             "elasticity_to_length": rounded(elasticity, 3), "threshold_elasticity": self.stall_elasticity,
+                             "recent": rounded(median(cv[-k:]))}
+        stalled = elasticity <= self.stall_elasticity * (1.5 if self.in_episode else 1.0)
+        falling = mk_c.p_down < 0.05
         # A jump of entropy and truncation is degeneration, not a length trend: leave it to that detector.
         degenerate = False
         if self.entropy.ready and (self.entropy.ratio(k) or 0.0) >= 2.5:
@@ -195,7 +191,7 @@ class LengthRewardCoupling(EpisodeDetector):
         level = 0
         if length_rising and not degenerate and (stalled or "length_explains_reward" in corroborators):
             level = 1
-            if self.episode_len >= 1 and (falling or corroborators):
+            if self.episode_len >= 1 and (falling or corroborators or ratio >= 2 * self.level_ratio):
                 level = 2
         ev["corroborated_by"] = corroborators
         onset = None

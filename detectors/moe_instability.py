@@ -15,6 +15,7 @@ from typing import Any
 
 from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from detectors.signals import StepClock
 from detectors.stats import MAD_SCALE, Window, mad_sigma, median, quantile, rounded
 
 
@@ -154,6 +155,9 @@ class MoeInstability(EpisodeDetector):
         ev: dict[str, Any] = {"recent_steps": self.recent_steps}
         signals: list[str] = []
         relax = 0.8 if self.in_episode else 1.0
+        k = self.clock.points()
+        # On coarse logs each point already averages many steps: one high point is a burst.
+        bursts_needed = 2 if k >= 3 else 1
         if self.flip.ready:
             r = median(self.flip.recent.last(2))
             b, sp = self.flip.base or 0.0, max(self.flip.spread or 0.0, 0.1 * (self.flip.base or 0.0), 1e-4)
@@ -167,11 +171,11 @@ class MoeInstability(EpisodeDetector):
             need = max(2.0 * bq, bq + 0.1)
             ev["clip_fraction"] = {"recent_q90": rounded(q), "baseline_q90": rounded(bq), "threshold": rounded(need)}
             # Bursty: the upper tail moved, on more than one point.
-            if q >= need * relax and sum(1 for v in vals if v >= need * relax) >= 2:
+            if q >= need * relax and sum(1 for v in vals if v >= need * relax) >= bursts_needed:
                 signals.append("clip_bursts")
         if self.is_max.ready:
             vals = self._recent(self.is_max, step, 2)
-            r = median(vals[-3:])
+            r = median(vals[-k:])
             b = max(self.is_max.base or 0.0, 1e-6)
             ev["importance_ratio_max"] = {"recent": rounded(r), "baseline": rounded(b), "threshold": rounded(3 * b)}
             if r >= 3 * b * relax:
@@ -186,7 +190,7 @@ class MoeInstability(EpisodeDetector):
             if spikes >= 2:
                 signals.append("grad_norm_spikes")
         if self.aux.ready:
-            r = median(self.aux.recent.last(3))
+            r = median(self.aux.recent.last(k))
             b = self.aux.base or 0.0
             sp = max(self.aux.spread or 0.0, 0.01 * abs(b), 1e-6)
             need = b + max(4 * sp, 0.15 * abs(b))

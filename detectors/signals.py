@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -133,14 +134,15 @@ class LevelTrack:
     never moves it.
     """
 
-    def __init__(self, window: int = 64, half: int = 3, tol: float = 0.3, max_points: int = 30, positive: bool = True) -> None:
+    def __init__(self, window: int = 64, half: int = 3, tol: float = 0.3, max_points: int = 60, positive: bool = True,
+                 min_span: int = 0) -> None:
         self.window = Window(window)
-        self.baseline = SettledBaseline(half=half, tol=tol, max_points=max_points, positive=positive)
+        self.baseline = SettledBaseline(half=half, tol=tol, max_points=max_points, positive=positive, min_span=min_span)
         self.base_step: int | None = None
 
     def push(self, step: int, v: float) -> None:
         self.window.push(step, v)
-        if self.baseline.push(v):
+        if self.baseline.push(v, step):
             self.base_step = step
 
     @property
@@ -197,3 +199,63 @@ def onset_from_window(steps: Sequence[int], flags: Sequence[bool]) -> int | None
 def recent_median_of(values: Sequence[float], k: int) -> float | None:
     vals = list(values)[-k:]
     return median(vals) if vals else None
+
+
+class StepClock:
+    """The typical spacing of logged points, so persistence can be asked for in points that
+    mean the same on fine (every step) and coarse (every 5-10 steps) logs.
+
+    >>> c = StepClock()
+    >>> for s in (10, 20, 30, 40):
+    ...     c.tick(s)
+    >>> c.gap, c.points(fine=3, coarse=2)
+    (10, 2)
+    """
+
+    def __init__(self) -> None:
+        self._gaps: deque[int] = deque(maxlen=5)
+        self._last: int | None = None
+
+    def tick(self, step: int) -> None:
+        if self._last is not None and step > self._last:
+            self._gaps.append(step - self._last)
+        self._last = step
+
+    @property
+    def gap(self) -> int:
+        return int(median(list(self._gaps))) if self._gaps else 1
+
+    def points_for(self, steps: int, minimum: int = 1) -> int:
+        """Logged points covering about ``steps`` training steps, at least ``minimum``."""
+        return max(minimum, int(math.ceil(steps / max(self.gap, 1))))
+
+    def points(self, fine: int = 3, coarse: int = 2) -> int:
+        """``fine`` points on logs of every step or two, ``coarse`` on sparser logs (each point
+        there already averages several steps, so one-step spikes are diluted)."""
+        return fine if self.gap <= 2 else coarse
+
+
+class DiffNoise:
+    """Robust noise level of a series from its successive differences (insensitive to trends).
+
+    >>> n = DiffNoise(16)
+    >>> for v in [1.0, 1.1, 0.9, 1.0, 1.1, 0.9, 1.0]:
+    ...     n.push(v)
+    >>> round(n.sigma, 3)
+    0.105
+    """
+
+    def __init__(self, size: int = 32) -> None:
+        self.diffs: deque[float] = deque(maxlen=size)
+        self._last: float | None = None
+
+    def push(self, v: float) -> None:
+        if self._last is not None:
+            self.diffs.append(abs(v - self._last))
+        self._last = v
+
+    @property
+    def sigma(self) -> float:
+        if not self.diffs:
+            return 0.0
+        return 1.4826 * median(list(self.diffs)) / math.sqrt(2.0)

@@ -9,7 +9,7 @@ plain Python because numpy's per-call overhead dominates below a few dozen value
 >>> r = mann_kendall([1.0, 2.0, 2.5, 3.1, 4.0, 4.2, 5.5, 6.0])
 >>> r.tau, r.p_up < 0.01
 (1.0, True)
->>> theil_sen([0, 10, 20, 30], [1.0, 2.0, 3.0, 40.0])
+>>> theil_sen([0, 10, 20, 30, 40], [1.0, 2.0, 3.0, 4.0, 50.0])
 0.1
 """
 
@@ -105,6 +105,23 @@ def theil_sen(x: Sequence[float], y: Sequence[float]) -> float:
     return float(np.median((ya[j] - ya[i])[keep] / dx[keep]))
 
 
+def ols_slope(x: Sequence[float], y: Sequence[float]) -> float:
+    """Least-squares slope of y against x (0 when x does not vary).
+
+    >>> ols_slope([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])
+    2.0
+    """
+    n = len(x)
+    if n < 2 or n != len(y):
+        return 0.0
+    mx = sum(x) / n
+    my = sum(y) / n
+    sxx = sum((a - mx) ** 2 for a in x)
+    if sxx <= 0:
+        return 0.0
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
+
+
 def mann_kendall(y: Sequence[float], x: Sequence[float] | None = None) -> TrendResult:
     """Mann-Kendall trend test with an autocorrelation correction of the variance.
 
@@ -156,26 +173,32 @@ class SettledBaseline:
     """A robust baseline taken once a series' early transient has settled.
 
     Healthy GRPO runs spend most of their entropy early (a fast initial drop), so a baseline from
-    the first few points would make every healthy run look collapsed later. This keeps the last
-    ``2 * half`` points and freezes the baseline (median and MAD) when the medians of the two
-    halves agree within ``tol`` (in log space for positive series), or after ``max_points``
-    points whatever happens, so an immediate failure is still measured against the early level.
+    the first few points would make every healthy run look collapsed later. The baseline (median
+    and MAD of the last two half-windows) freezes when the medians of the two halves agree within
+    ``tol`` (in log space for positive series), or after ``max_points`` points whatever happens, so
+    an immediate failure is still measured against the early level. Each half holds at least
+    ``half`` points and, when steps are given, spans at least ``min_span / 2`` training steps (up to
+    ``max_half`` points), so fine and coarse logs settle over the same stretch of training.
 
     >>> b = SettledBaseline(half=3, tol=0.2)
     >>> for v in [2.0, 1.2, 0.8, 0.6, 0.52, 0.5, 0.49, 0.5, 0.51]:
-    ...     b.push(v)
-    >>> round(b.value, 3)
-    0.5
+    ...     _ = b.push(v)
+    >>> round(b.value, 2), b.n
+    (0.51, 8)
     """
 
-    def __init__(self, half: int = 3, tol: float = 0.3, max_points: int = 30, positive: bool = True) -> None:
+    def __init__(self, half: int = 3, tol: float = 0.3, max_points: int = 60, positive: bool = True,
+                 min_span: int = 0, max_half: int = 10) -> None:
         if half < 1:
             raise ValueError("half must be >= 1")
         self.half = half
+        self.max_half = max(half, max_half)
+        self.min_span = min_span
         self.tol = tol
         self.max_points = max_points
         self.positive = positive
-        self.buf: deque[float] = deque(maxlen=2 * half)
+        self.buf: deque[float] = deque(maxlen=2 * self.max_half)
+        self.steps: deque[int] = deque(maxlen=2 * self.max_half)
         self.n = 0
         self.value: float | None = None
         self.spread: float | None = None
@@ -184,17 +207,26 @@ class SettledBaseline:
     def ready(self) -> bool:
         return self.value is not None
 
-    def push(self, v: float) -> bool:
+    def _half(self) -> int:
+        if self.min_span <= 0 or len(self.steps) < 2:
+            return self.half
+        gap = max((self.steps[-1] - self.steps[0]) / (len(self.steps) - 1), 1e-9)
+        want = int(math.ceil(self.min_span / (2.0 * gap)))
+        return min(max(want, self.half), self.max_half)
+
+    def push(self, v: float, step: int | None = None) -> bool:
         """Add a point; returns True on the update that freezes the baseline."""
         if self.value is not None:
             return False
         self.buf.append(v)
+        self.steps.append(self.n if step is None else step)
         self.n += 1
-        if len(self.buf) < 2 * self.half:
+        h = self._half()
+        if len(self.buf) < 2 * h:
             return False
-        vals = list(self.buf)
-        m0 = median(vals[: self.half])
-        m1 = median(vals[self.half:])
+        vals = list(self.buf)[-2 * h:]
+        m0 = median(vals[:h])
+        m1 = median(vals[h:])
         if self.positive:
             settled = abs(log_ratio(m1, m0)) <= self.tol
         else:
@@ -264,9 +296,9 @@ class Ewma:
 class PageHinkley:
     """Page-Hinkley test for an upward shift of the mean (one-sided CUSUM on deviations).
 
-    >>> ph = PageHinkley(delta=0.1, threshold=2.0)
-    >>> [ph.push(x) for x in [0, 0, 0, 0, 1, 1, 1]][-1]
-    True
+    >>> ph = PageHinkley(delta=0.1, threshold=1.0)
+    >>> [ph.push(x) for x in [0, 0, 0, 0, 1, 1, 1]]
+    [False, False, False, False, False, True, True]
     """
 
     __slots__ = ("delta", "threshold", "n", "mean", "cum", "min_cum")

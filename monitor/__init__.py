@@ -29,6 +29,7 @@ __all__ = [
     "attach",
     "load_run",
     "read_run",
+    "run_with_restarts",
 ]
 
 
@@ -56,3 +57,10 @@ def analyze(path: Any, **options: Any) -> Any:
     from monitor.analysis import analyze as _analyze
 
     return _analyze(path, **options)
+
+
+def run_with_restarts(make_trainer: Any, args: Any, **options: Any) -> Any:
+    """Train with auto-restart into the recommended variant; see ``monitor.lineage.run_with_restarts``."""
+    from monitor.lineage import run_with_restarts as _run
+
+    return _run(make_trainer, args, **options)

@@ -20,15 +20,26 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     d = sub.add_parser("demo", help="run a real GRPO training on a tiny local model with the monitor attached")
-    d.add_argument("--steps", type=int, default=None, help="training steps (default 60)")
+    d.add_argument("--steps", type=int, default=None, help="training steps (default: the scenario's, 60 for healthy)")
     d.add_argument("--run-dir", default=None, help="run directory to write (default runs/demo-<time>)")
     d.add_argument("--moe", action="store_true", help="train the tiny 8-expert top-2 Qwen3-MoE instead of the dense model")
     d.add_argument("--report-to", default="none", help="passed to GRPOConfig(report_to=...), e.g. tensorboard")
+    d.add_argument("--scenario", default="healthy", choices=("healthy", "collapse", "length", "degenerate"),
+                   help="drive the tiny model into a behaviour with real training settings")
+    d.add_argument("--auto-restart", action="store_true", help="stop on a confirmed finding and restart with the recommended variant")
+    d.add_argument("--max-restarts", type=int, default=2)
 
     a = sub.add_parser("analyze", help="diagnose finished runs: run directories, trainer_state.json, TensorBoard, CSV/JSONL")
     a.add_argument("paths", nargs="+", metavar="PATH")
     a.add_argument("--json", action="store_true", help="print one JSON document (fixed shape) instead of the report")
     a.add_argument("--markdown", metavar="FILE", default=None, help="also write a shareable Markdown report")
+
+    s = sub.add_parser("supervise", help="run a training command; relaunch it with the recommended variant when the monitor stops it")
+    s.add_argument("--max-restarts", type=int, default=2, help="restarts allowed (default 2)")
+    s.add_argument("--run-dir", default=None, help="lineage run directory (default $GRPO_MONITOR_RUN_DIR or runs/supervised)")
+    s.add_argument("--apply", choices=("both", "flags", "env"), default="both",
+                   help="how the relaunch gets the overrides: appended TRL flags, GRPO_MONITOR_OVERRIDES, or both")
+    s.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
 
     w = sub.add_parser("watch", help="live dashboard of a run directory (or any run analyze reads)")
     w.add_argument("path", metavar="RUN")
@@ -38,14 +49,19 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "demo":
-        from monitor.demo import DEFAULT_STEPS, run_demo
+        from monitor.demo import run_demo
 
-        run_demo(args.run_dir, steps=args.steps or DEFAULT_STEPS, moe=args.moe, report_to=args.report_to)
+        run_demo(args.run_dir, steps=args.steps, moe=args.moe, report_to=args.report_to, scenario=args.scenario,
+                 auto_restart=args.auto_restart, max_restarts=args.max_restarts)
         return EXIT_CLEAN
     if args.verb == "analyze":
         from monitor.analysis import run_cli
 
         return run_cli(args.paths, as_json=args.json, markdown=args.markdown)
+    if args.verb == "supervise":
+        from monitor.supervise import run_cli as supervise_cli
+
+        return supervise_cli(args.command, args.run_dir, args.max_restarts, args.apply)
     if args.verb == "watch":
         from monitor.sources import SourceError
 

@@ -9,13 +9,28 @@ from typing import Any
 
 DEFAULT_STEPS = 60
 
+# Real training settings that drive the tiny model into each behaviour (measured on this model).
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "healthy": {"config": {}, "extra_rewards": [], "steps": 60,
+                "what": "the recipe's plain GRPO: correctness improves, entropy settles"},
+    "collapse": {"config": {"learning_rate": 1e-2}, "extra_rewards": [], "steps": 60,
+                 "what": "learning rate 1e-2: groups turn identical and entropy collapses"},
+    "length": {"config": {"loss_type": "grpo", "max_completion_length": 64}, "extra_rewards": ["length_bonus_reward"],
+               "steps": 200, "what": "a reward paying 0.01 per token under loss_type='grpo': length grows, correctness does not"},
+    "degenerate": {"config": {"entropy_coef": 0.5, "max_completion_length": 32}, "extra_rewards": [], "steps": 80,
+                   "what": "entropy bonus 0.5: entropy explodes, completions run to the cap, reward falls"},
+}
 
-def demo_config(output_dir: str | os.PathLike[str], steps: int, report_to: str = "none", **overrides: Any):
-    """The GRPOConfig the demo trains with: CPU-safe, per-step logging, the recipe's 8 generations."""
-    from trl import GRPOConfig
 
+def scenario_rewards(name: str) -> list[Any]:
+    from fixtures import tiny
+
+    return [*tiny.REWARD_FUNCS, *(getattr(tiny, r) for r in SCENARIOS[name]["extra_rewards"])]
+
+
+def demo_settings(steps: int, report_to: str = "none", **overrides: Any) -> dict[str, Any]:
+    """The demo's GRPOConfig keywords: CPU-safe, per-step logging, the recipe's 8 generations."""
     kwargs: dict[str, Any] = dict(
-        output_dir=str(output_dir),
         max_steps=steps,
         per_device_train_batch_size=8,
         gradient_accumulation_steps=1,
@@ -36,7 +51,13 @@ def demo_config(output_dir: str | os.PathLike[str], steps: int, report_to: str =
         dataloader_num_workers=0,
     )
     kwargs.update(overrides)
-    return GRPOConfig(**kwargs)
+    return kwargs
+
+
+def demo_config(output_dir: str | os.PathLike[str], steps: int, report_to: str = "none", **overrides: Any):
+    from trl import GRPOConfig
+
+    return GRPOConfig(output_dir=str(output_dir), **demo_settings(steps, report_to, **overrides))
 
 
 WARM_START_STEPS = 150
@@ -58,10 +79,13 @@ def build_trainer(args: Any, moe: bool = False, reward_funcs: Any = None, warm_s
 
 def run_demo(
     run_dir: str | os.PathLike[str] | None = None,
-    steps: int = DEFAULT_STEPS,
+    steps: int | None = None,
     moe: bool = False,
     report_to: str = "none",
     quiet: bool = False,
+    scenario: str = "healthy",
+    auto_restart: bool = False,
+    max_restarts: int = 2,
 ) -> Path:
     import logging
     import warnings
@@ -75,16 +99,37 @@ def run_demo(
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)
     logging.getLogger("grpo_monitor").setLevel(logging.WARNING)
-    root = Path(run_dir) if run_dir else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    trainer_dir = root / "trainer"
-    args = demo_config(trainer_dir, steps, report_to=report_to)
-    trainer = build_trainer(args, moe=moe)
-    for cb in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(cb)
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+    spec = SCENARIOS[scenario]
+    steps = steps or spec["steps"]
+    root = Path(run_dir) if run_dir else Path("runs") / time.strftime(f"demo-{scenario}-%Y%m%d-%H%M%S")
+    args = demo_config(root / "trainer", steps, report_to=report_to, **spec["config"])
+    rewards = scenario_rewards(scenario)
     if not quiet:
-        trainer.add_callback(_progress_callback(steps))
-    attach(trainer, root)
+        print(f"grpo-monitor demo: scenario '{scenario}' — {spec['what']}"
+              + (f"; auto-restart on (max {max_restarts})" if auto_restart else ""), flush=True)
+
+    def make_trainer(a: Any) -> Any:
+        trainer = build_trainer(a, moe=moe, reward_funcs=rewards)
+        for cb in (PrinterCallback, ProgressCallback):
+            trainer.remove_callback(cb)
+        if not quiet:
+            trainer.add_callback(_progress_callback(steps))
+        return trainer
+
     t0 = time.time()
+    if auto_restart:
+        from monitor.lineage import run_with_restarts
+
+        lineage = run_with_restarts(make_trainer, args, run_dir=root, max_restarts=max_restarts)
+        if not quiet:
+            for seg in lineage.segments:
+                print_summary(seg.run_dir, time.time() - t0, title=f"segment {seg.index}"
+                              + (f" ({seg.variant}: {seg.overrides})" if seg.variant else " (plain GRPO)"))
+        return root
+    trainer = make_trainer(args)
+    attach(trainer, root)
     trainer.train()
     if not quiet:
         print_summary(root, time.time() - t0)
@@ -92,6 +137,7 @@ def run_demo(
 
 
 def _progress_callback(total: int):
+    # Prints every 5th step; a restarted segment counts its steps again from its resume point.
     from transformers import TrainerCallback
 
     class DemoProgress(TrainerCallback):
@@ -110,7 +156,7 @@ def _progress_callback(total: int):
     return DemoProgress()
 
 
-def print_summary(run_dir: Path, seconds: float) -> None:
+def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> None:
     from monitor.runlog import read_run
 
     log = read_run(run_dir)
@@ -122,6 +168,8 @@ def print_summary(run_dir: Path, seconds: float) -> None:
         return "—" if v is None else f"{v:.3g}"
 
     kind = f"MoE {model.get('num_experts')} experts top-{model.get('top_k')}" if model.get("is_moe") else "dense"
+    if title:
+        print(f"-- {title}")
     print(f"grpo-monitor demo: {len(log.steps)} steps of GRPO on a tiny {model.get('class')} ({kind}, "
           f"{model.get('num_parameters'):,} parameters) in {seconds:.1f} s")
     print(f"  last step: entropy {fmt('entropy')}, reward {fmt('reward')}, mean length {fmt('completions/mean_length')}, "
@@ -129,5 +177,10 @@ def print_summary(run_dir: Path, seconds: float) -> None:
     print(f"  samples recorded: {len(log.samples)}; findings: {len(log.findings)}")
     for f in log.findings:
         print(f"  [{f['severity']}] {f['detector']} at step {f['step']}: {f['message']}")
+    for r in log.recommendations:
+        print(f"  recommended {r['variant']}: {r['python']}  |  {r['cli_flags']}")
+    for r in log.restarts:
+        print(f"  stopped at step {r['step']} to restart with {r['variant']} "
+              f"(resume from {r['resume_from'] or 'the initial model'}) → {run_dir / r['child_run']}")
     print(f"  run directory: {run_dir}")
     print(f"  next: grpo-monitor analyze {run_dir}   |   grpo-monitor watch {run_dir}")

@@ -376,8 +376,16 @@ def test_install_is_idempotent_and_remove_leaves_no_hooks(arch):
     tap.install()
     installed = hook_count(model)
     tap.install()
-    assert hook_count(model) == installed == before + len(tap.routers) + 2
-    assert tap_hook_count(model) == len(tap.routers) + 2
+    assert hook_count(model) == installed == before + 2  # router hooks live only inside a recorded forward
+    attached = []
+    probe = tap.routers[0].module.register_forward_hook(lambda *a: attached.append(tap_hook_count(model)))
+    model(input_ids=batch()).logits.sum().backward()
+    with torch.no_grad():
+        model(input_ids=batch())
+    probe.remove()
+    assert attached == [len(tap.routers) + 2, 2]  # attached for training, not for a no-grad forward
+    assert tap_hook_count(model) == 2
+    assert tap.collect(0)["moe/tokens"] == batch().numel()  # the training forward only
     tap.remove()
     assert hook_count(model) == before and tap_hook_count(model) == 0
     model(input_ids=batch()).logits.sum().backward()
@@ -477,5 +485,5 @@ def test_grpo_trainer_run_logs_moe_metrics(tmp_path):
     assert "moe/flip_rate" in seen[1] and 0.0 <= seen[1]["moe/flip_rate"] <= 1.0
     assert "moe/flip_rate/layer_0" in seen[1] and "moe/flip_rate/layer_1" in seen[1]
     assert "moe/flip_rate" not in seen[2]
-    assert seen[0]["tap_hooks"] == 2 + 2  # two routers plus the decoder's enter/leave hooks
+    assert seen[0]["tap_hooks"] == 2  # the decoder's enter/leave hooks; router hooks only inside forwards
     assert tap_hook_count(trainer.model) == 0  # removed at train end

@@ -556,3 +556,30 @@ def test_frame_is_float_indexed_by_step(tmp_path):
     assert list(frame.index) == [1, 3] and frame.index.name == "step"
     assert list(frame.columns) == ["a", "b"] and frame.dtypes.tolist() == [np.float64, np.float64]
     assert np.isnan(frame.loc[3, "b"]) and frame.loc[1, "b"] == 5.0
+
+
+def test_tensorboard_same_value_relogged_in_one_file_is_not_a_conflict(tmp_path):
+    # The Trainer re-logs ``epoch`` with its end-of-training summary at the last step.
+    events = [(1, "train/epoch", 0.5), (2, "train/epoch", 1.0), (2, "train/train_runtime", 3.0), (2, "train/epoch", 1.0)]
+    src = load_source(write_tb_file(tmp_path / "events.out.tfevents.1", events))
+    assert src.steps == [(1, {"epoch": 0.5}), (2, {"epoch": 1.0})] and src.warnings == []
+
+
+def test_reading_foreign_logs_stays_light(tmp_path):
+    """Reading any format loads neither torch, TensorBoard nor pandas (frame() is where pandas comes in)."""
+    import subprocess
+    import sys
+
+    write_tb_file(tmp_path / "events.out.tfevents.1", [(1, "train/loss", 0.5)])
+    (tmp_path / "m.csv").write_text("step,loss\n1,0.5\n")
+    (tmp_path / "m.jsonl").write_text('{"step": 1, "data": {"actor/entropy": 1.0}}\n')
+    write_json(tmp_path / "trainer_state.json", trainer_state([dict(TRL_116_ENTRY, step=1)]))
+    write_run(tmp_path / "run", steps=2)
+    code = (
+        "import sys\nfrom monitor.sources import load_source\n"
+        f"for p in ['events.out.tfevents.1', 'm.csv', 'm.jsonl', 'trainer_state.json', 'run']:\n"
+        f"    load_source({str(tmp_path)!r} + '/' + p)\n"
+        "print(','.join(m for m in ('torch', 'tensorboard', 'pandas', 'transformers', 'google.protobuf') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""

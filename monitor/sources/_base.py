@@ -170,8 +170,9 @@ class Normalizer:
     keeps a 100k-step log from normalising three million names one by one.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, drop: Iterable[str] = ()) -> None:
         self._plans: dict[tuple[str, ...], list[tuple[str, str]] | None] = {}
+        self._drop = frozenset(drop)
 
     def __call__(self, logs: Mapping[str, Any]) -> Metrics:
         keys = tuple(logs)
@@ -180,7 +181,7 @@ class Normalizer:
             plan = self._plan(keys)
             self._plans[keys] = plan
         if plan is None:
-            return normalize_metrics(logs)
+            return self._reference(logs)
         out: Metrics = {}
         for key, name in plan:
             v = logs[key]
@@ -192,11 +193,17 @@ class Normalizer:
                 except OverflowError:  # an integer beyond float range (JSON allows it)
                     out[name] = math.inf if v > 0 else -math.inf
             else:  # a string, a bool or something odd: let the reference implementation decide
-                return normalize_metrics(logs)
+                return self._reference(logs)
         return out
 
-    @staticmethod
-    def _plan(keys: tuple[str, ...]) -> list[tuple[str, str]] | None:
+    def _reference(self, logs: Mapping[str, Any]) -> Metrics:
+        out = normalize_metrics(logs)
+        if self._drop:
+            for name in self._drop.intersection(out):
+                del out[name]
+        return out
+
+    def _plan(self, keys: tuple[str, ...]) -> list[tuple[str, str]] | None:
         if not all(isinstance(k, str) for k in keys):
             return None
         # Replaying normalize_metrics' rules on numeric values: the same names, the same winner.
@@ -206,7 +213,7 @@ class Normalizer:
             if name == "step" or (name in out and key != name):
                 continue
             out[name] = key
-        return [(key, name) for name, key in out.items()]
+        return [(key, name) for name, key in out.items() if name not in self._drop]
 
 
 def guess_context(names: Iterable[str], logging_steps: int | None, steps: list[int]) -> RunContext:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from monitor.metrics import SUMMARY_KEYS
 from monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
 
 # Step fields, best first: the trainer's own step beats a logger's call counter (W&B's ``_step``
@@ -51,7 +52,7 @@ def read_jsonl(path: Path) -> Source:
         except (ValueError, RecursionError):
             src.warnings.append(f"{path}:{len(lines) + 1}: skipped a half-written last line")
     table = StepTable()
-    norm = Normalizer()
+    norm = Normalizer(drop=SUMMARY_KEYS)
     no_step = 0
     for lineno, rec in records:
         if not isinstance(rec, dict):
@@ -164,7 +165,7 @@ def read_csv(path: Path) -> Source:
     step_col, columns = _csv_columns(path, header, src.warnings)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delim)
     table = StepTable()
-    norm = Normalizer()
+    norm = Normalizer(drop=SUMMARY_KEYS)
     skipped = ragged = 0
     try:
         next(reader)

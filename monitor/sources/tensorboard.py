@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor.metrics import normalize
+from monitor.metrics import SUMMARY_KEYS, normalize
 from monitor.sources._base import Source, SourceError, guess_context
 
 _U64 = struct.Struct("<Q")
@@ -513,11 +513,13 @@ def _names(tags: list[str]) -> tuple[list[str], np.ndarray]:
 
     Two tags that normalise to one name (``train/completion_length`` next to
     ``train/completions/mean_length``): the tag already spelled canonically wins, else the first.
+    The Trainer's end-of-training summary (``train/train_runtime``, ...) is dropped, as it is from
+    ``trainer_state.json``.
     """
     chosen: dict[str, int] = {}
     for i, tag in enumerate(tags):
         name = normalize(tag)
-        if name == "step":
+        if name == "step" or name in SUMMARY_KEYS:  # the end-of-training summary is not a step
             continue
         canonical = tag == name or (tag.startswith("train/") and tag[6:] == name)
         if name not in chosen or canonical:
@@ -543,17 +545,22 @@ def _pivot(src: Source, out: _Scalars) -> None:
     if len(steps) == 0:
         raise SourceError(src.path, "no scalar metrics besides the step counter")
     idx = np.lexsort((order, walls, cols, steps))
-    steps, cols, values = steps[idx], cols[idx], values[idx]
+    steps, cols, values, order = steps[idx], cols[idx], values[idx], order[idx]
     # The last record of every (step, metric) group wins.
     last = np.ones(len(steps), dtype=bool)
     last[:-1] = (steps[1:] != steps[:-1]) | (cols[1:] != cols[:-1])
-    dups = len(steps) - int(last.sum())
-    if dups:
-        dup_steps = np.unique(steps[:-1][~last[:-1]])
-        src.warnings.append(
-            f"{src.path}: {len(dup_steps)} step(s) logged more than once (first at step {int(dup_steps[0])}, "
-            "e.g. a resumed run); the later record wins"
-        )
+    if not last.all():
+        # Worth a warning only when files overlap or values disagree: the Trainer itself re-logs
+        # ``epoch`` with its end-of-training summary, same file, same value.
+        a, b = values[:-1], values[1:]
+        differ = ~((a == b) | (np.isnan(a) & np.isnan(b))) | ((order[:-1] >> 40) != (order[1:] >> 40))
+        clash = ~last[:-1] & differ
+        if clash.any():
+            dup_steps = np.unique(steps[:-1][clash])
+            src.warnings.append(
+                f"{src.path}: {len(dup_steps)} step(s) logged more than once (first at step {int(dup_steps[0])}, "
+                "e.g. a resumed run); the later record wins"
+            )
         steps, cols, values = steps[last], cols[last], values[last]
     uniq, row = np.unique(steps, return_inverse=True)
     ncol = len(names)

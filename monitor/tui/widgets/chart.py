@@ -47,9 +47,10 @@ def fmt(v: float | None) -> str:
 
 
 class Buckets:
-    """Min/max/first/last of a series' finite values per ``w``-step bucket, kept incrementally."""
+    """Per ``w``-step bucket: min, max, first and last finite value and where the first and
+    last of them lie; kept incrementally as the series grows."""
 
-    __slots__ = ("origin", "w", "n_done", "ids", "lo", "hi", "first", "last")
+    __slots__ = ("origin", "w", "n_done", "ids", "lo", "hi", "first", "last", "fx", "lx")
 
     def __init__(self, origin: float, w: float) -> None:
         self.origin, self.w, self.n_done = origin, w, 0
@@ -58,6 +59,8 @@ class Buckets:
         self.hi: list[float] = []
         self.first: list[float] = []
         self.last: list[float] = []
+        self.fx: list[float] = []
+        self.lx: list[float] = []
 
     def update(self, xs: np.ndarray, ys: np.ndarray) -> None:
         n = len(xs)
@@ -77,16 +80,20 @@ class Buckets:
         lo = np.minimum.reduceat(y, starts).tolist()
         hi = np.maximum.reduceat(y, starts).tolist()
         first, last = y[starts].tolist(), y[ends].tolist()
+        fx, lx = x[starts].tolist(), x[ends].tolist()
         if self.ids and self.ids[-1] == ids[0]:
             self.lo[-1] = min(self.lo[-1], lo[0])
             self.hi[-1] = max(self.hi[-1], hi[0])
             self.last[-1] = last[0]
-            ids, lo, hi, first, last = ids[1:], lo[1:], hi[1:], first[1:], last[1:]
+            self.lx[-1] = lx[0]
+            ids, lo, hi, first, last, fx, lx = ids[1:], lo[1:], hi[1:], first[1:], last[1:], fx[1:], lx[1:]
         self.ids += ids
         self.lo += lo
         self.hi += hi
         self.first += first
         self.last += last
+        self.fx += fx
+        self.lx += lx
 
     def coarsen(self, factor: int) -> Buckets:
         """The same data in buckets ``factor`` times wider (no pass over the raw history)."""
@@ -98,17 +105,20 @@ class Buckets:
                 out.lo[-1] = min(out.lo[-1], self.lo[i])
                 out.hi[-1] = max(out.hi[-1], self.hi[i])
                 out.last[-1] = self.last[i]
+                out.lx[-1] = self.lx[i]
             else:
                 out.ids.append(nb)
                 out.lo.append(self.lo[i])
                 out.hi.append(self.hi[i])
                 out.first.append(self.first[i])
                 out.last.append(self.last[i])
+                out.fx.append(self.fx[i])
+                out.lx.append(self.lx[i])
         return out
 
-    def x(self) -> np.ndarray:
-        """Each bucket's representative step (its centre)."""
-        return self.origin + np.asarray(self.ids, dtype=np.float64) * self.w + (self.w - 1) / 2
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """(first x, last x, lo, hi, first, last) as float arrays, for drawing."""
+        return tuple(np.asarray(v, dtype=np.float64) for v in (self.fx, self.lx, self.lo, self.hi, self.first, self.last))
 
 
 def bucket_width(span: float, pixels: int) -> float:
@@ -123,56 +133,55 @@ def bucket_width(span: float, pixels: int) -> float:
 
 
 def column_spans(
-    bx: np.ndarray, lo: np.ndarray, hi: np.ndarray, first: np.ndarray, last: np.ndarray,
+    fx: np.ndarray, lx: np.ndarray, lo: np.ndarray, hi: np.ndarray, first: np.ndarray, last: np.ndarray,
     x0: float, x1: float, ymin: float, ymax: float, cols: int, rows: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pixel rows [top, bottom] lit in each of ``cols`` pixel columns (top > bottom: none).
 
-    Each column shows its buckets' min..max, and consecutive columns are joined by a line from
-    the last value of one to the first value of the next.
+    A bucket lights its min..max in the columns from its first to its last point, and consecutive
+    buckets are joined by a line from the last value of one to the first value of the next.
     """
     top = np.full(cols, np.inf)
     bot = np.full(cols, -np.inf)
-    if not bx.size:
+    if not fx.size:
         return top, bot
-    if x1 > x0:
-        c = np.rint((bx - x0) / (x1 - x0) * (cols - 1)).astype(np.int64)
-    else:
-        c = np.zeros(bx.size, dtype=np.int64)
-    np.clip(c, 0, cols - 1, out=c)
+
+    def col(x: np.ndarray) -> np.ndarray:
+        if x1 <= x0:
+            return np.zeros(x.size, dtype=np.int64)
+        return np.clip(np.rint((x - x0) / (x1 - x0) * (cols - 1)), 0, cols - 1).astype(np.int64)
+
     scale = (rows - 1) / (ymax - ymin)
-
-    def row(v: np.ndarray) -> np.ndarray:
-        return (ymax - v) * scale
-
-    uc, start = np.unique(c, return_index=True)
-    end = np.r_[start[1:], c.size] - 1
-    r_hi = row(np.maximum.reduceat(hi, start))  # high value = small row index
-    r_lo = row(np.minimum.reduceat(lo, start))
-    r_first, r_last = row(first[start]), row(last[end])
-    top[uc] = np.minimum(top[uc], np.rint(r_hi))
-    bot[uc] = np.maximum(bot[uc], np.rint(r_lo))
-    if uc.size > 1:
-        # Join column a (leaving at its last value) to column b (arriving at its first value).
-        a, b = uc[:-1], uc[1:]
+    cf, cl = col(fx), col(lx)
+    r_hi, r_lo = np.rint((ymax - hi) * scale), np.rint((ymax - lo) * scale)  # high value = small row
+    r_first, r_last = (ymax - first) * scale, (ymax - last) * scale
+    width = cl - cf  # a bucket is at most about two pixel columns wide
+    for off in range(int(width.max()) + 1):
+        m = width >= off
+        np.minimum.at(top, cf[m] + off, r_hi[m])
+        np.maximum.at(bot, cf[m] + off, r_lo[m])
+    if fx.size > 1:
+        a, b = cl[:-1], cf[1:]
         ra, rb = r_last[:-1], r_first[1:]
+        same = a == b  # both ends in one column: that column spans them
+        np.minimum.at(top, a[same], np.rint(np.minimum(ra, rb)[same]))
+        np.maximum.at(bot, a[same], np.rint(np.maximum(ra, rb)[same]))
         span = np.arange(cols)
         k = np.searchsorted(a, span, side="right") - 1
-        inside = (k >= 0) & (k < a.size)
+        inside = k >= 0
         inside[inside] &= span[inside] < b[k[inside]]
         cc, kk = span[inside], k[inside]
-        t0 = (cc - a[kk]) / (b[kk] - a[kk])
-        t1 = (cc + 1 - a[kk]) / (b[kk] - a[kk])
-        y0 = np.rint(ra[kk] + (rb[kk] - ra[kk]) * t0)
-        y1 = np.rint(ra[kk] + (rb[kk] - ra[kk]) * np.minimum(t1, 1.0))
-        # Half-way to the next pixel only, so a step between two columns is split between them.
-        ymid = np.rint((y0 + y1) / 2)
-        top[cc] = np.minimum(top[cc], np.minimum(y0, ymid))
-        bot[cc] = np.maximum(bot[cc], np.maximum(y0, ymid))
+        d = (b[kk] - a[kk]).astype(np.float64)
+        y0 = ra[kk] + (rb[kk] - ra[kk]) * (cc - a[kk]) / d
+        y1 = ra[kk] + (rb[kk] - ra[kk]) * (cc + 1 - a[kk]) / d
+        # Each column takes the line from its own x to half-way to the next column.
+        ymid = (y0 + y1) / 2
+        top[cc] = np.minimum(top[cc], np.rint(np.minimum(y0, ymid)))
+        bot[cc] = np.maximum(bot[cc], np.rint(np.maximum(y0, ymid)))
         nxt = cc + 1
         okn = nxt < cols
-        np.minimum.at(top, nxt[okn], np.minimum(ymid, y1)[okn])
-        np.maximum.at(bot, nxt[okn], np.maximum(ymid, y1)[okn])
+        np.minimum.at(top, nxt[okn], np.rint(np.minimum(ymid, y1))[okn])
+        np.maximum.at(bot, nxt[okn], np.rint(np.maximum(ymid, y1))[okn])
     np.clip(top, 0, rows - 1, out=top)
     np.clip(bot, 0, rows - 1, out=bot)
     return top, bot
@@ -357,10 +366,7 @@ class LineChart(Widget):
         owner = np.full((plot_h, plot_w), -1, dtype=np.int16)
         for i in range(len(data) - 1, -1, -1):  # first series drawn last, so it stays on top
             s, b = data[i]
-            top, bot = column_spans(
-                b.x(), np.asarray(b.lo), np.asarray(b.hi), np.asarray(b.first), np.asarray(b.last),
-                x0, x1, ymin, ymax, cols, rows,
-            )
+            top, bot = column_spans(*b.arrays(), x0, x1, ymin, ymax, cols, rows)
             bits = braille(top, bot, plot_h)
             lit = bits > 0
             codes |= bits

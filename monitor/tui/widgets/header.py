@@ -31,22 +31,20 @@ class RunHeader(Static):
         t = Text(no_wrap=False)
         t.append("● ", role_style(app, status_role))
         h = model.header
-        run_id = h.get("run_id") or "run"
-        t.append(visible(run_id), role_style(app, "primary", bold=True))
+        t.append(visible(h.get("run_id") or "run"), role_style(app, "primary", bold=True))
+        t.append(f"  {status}", role_style(app, status_role))
+        if model.store.n:
+            t.append(f"  step {int(model.store.steps[-1])}")
+        restarts = len(model.restarts)
+        t.append(f"  seg {model.segment} · {restarts} restart{'s' if restarts != 1 else ''}", role_style(app, "muted"))
         mi = model.model_info
         if mi.get("class"):
             t.append("  " + visible(mi["class"]))
         if model.is_moe:
             e, k = mi.get("num_experts"), mi.get("top_k")
-            t.append("  MoE" + (f" {e}×top-{k}" if e and k else ""), role_style(app, "accent"))
+            t.append(" MoE" + (f" {e}×top{k}" if e and k else ""), role_style(app, "accent"))
         if model.source_format:
-            t.append(f"  [{visible(model.source_format)}]", role_style(app, "muted"))
-        restarts = len(model.restarts)
-        t.append(f"  segment {model.segment}", role_style(app, "muted"))
-        t.append(f" · {restarts} restart{'s' if restarts != 1 else ''}", role_style(app, "muted"))
-        if model.store.n:
-            t.append(f"  step {int(model.store.steps[-1])}")
-        t.append(f"  {status}", role_style(app, status_role))
+            t.append(f"  ({visible(model.source_format)})", role_style(app, "muted"))
         t.append("\n")
         cfg = model.config
         items = [

@@ -37,12 +37,15 @@ class HelpScreen(ModalScreen[None]):
     ]
 
     def compose(self) -> ComposeResult:
-        t = Text()
+        from rich.table import Table
+
+        table = Table(box=None, show_header=False, padding=(0, 1), expand=True)
+        table.add_column(no_wrap=True, style="bold")
+        table.add_column(ratio=1)
         for key, desc in HELP:
             if desc is None:
-                t.append(("\n" if t.plain else "") + key + "\n", "bold")
-                continue
-            t.append(f"  {key:<16}", "bold")
-            t.append(f"{desc}\n")
+                table.add_row(Text(key, style="bold underline"), "")
+            else:
+                table.add_row(Text(key), Text(desc))
         with VerticalScroll(id="help-box"):
-            yield Static(t, markup=False, id="help-text")
+            yield Static(table, id="help-text")

@@ -44,14 +44,20 @@ def load_matrix(steps: list[int], loads: list[np.ndarray], layer: int, columns: 
     st = np.array([r[0] for r in rows], dtype=np.float64)
     mat = np.stack([r[1] for r in rows]).astype(np.float64)  # (n, E)
     s0, s1 = float(st[0]), float(st[-1])
-    cols = min(columns, len(rows))
-    c = np.zeros(len(rows), dtype=np.int64) if s1 == s0 else np.rint((st - s0) / (s1 - s0) * (cols - 1)).astype(np.int64)
-    acc = np.zeros((cols, e))
-    cnt = np.zeros(cols)
+    if s1 == s0:
+        return np.repeat(mat[-1][:, None], columns, axis=1), s0, s1
+    if columns >= len(rows):  # fewer records than cells: each cell shows the nearest record
+        at = s0 + np.arange(columns) / max(1, columns - 1) * (s1 - s0)
+        idx = np.clip(np.searchsorted(st, at), 1, len(st) - 1)
+        idx -= (at - st[idx - 1]) < (st[idx] - at)
+        return mat[idx].T, s0, s1
+    c = np.rint((st - s0) / (s1 - s0) * (columns - 1)).astype(np.int64)
+    acc = np.zeros((columns, e))
+    cnt = np.zeros(columns)
     np.add.at(acc, c, mat)
     np.add.at(cnt, c, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = (acc / cnt[:, None]).T
+        out = (acc / cnt[:, None]).T  # a column no record fell into stays NaN (blank)
     return out, s0, s1
 
 
@@ -68,7 +74,7 @@ class Heatmap(Widget, can_focus=True):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.model: RunModel | None = None
-        self.layer = 0
+        self.moe_layer = 0
         self._key: tuple = ()
         self._strips: list[Strip] = []
 
@@ -89,7 +95,7 @@ class Heatmap(Widget, can_focus=True):
     def action_layer(self, delta: int) -> None:
         n = self.n_layers()
         if n:
-            self.layer = (self.layer + delta) % n
+            self.moe_layer = (self.moe_layer + delta) % n
             self.refresh(layout=True)
             self.post_message(LayerChanged())
 
@@ -99,7 +105,7 @@ class Heatmap(Widget, can_focus=True):
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         m = self.model
-        key = (width, self.layer, len(m.moe_steps) if m else 0, m.moe_steps[-1] if m and m.moe_steps else None)
+        key = (width, self.moe_layer, len(m.moe_steps) if m else 0, m.moe_steps[-1] if m and m.moe_steps else None)
         if key != self._key:
             self._key = key
             self._strips = self._build(width)
@@ -116,7 +122,7 @@ class Heatmap(Widget, can_focus=True):
         e = self.n_experts()
         lw = len(f"e{e - 1}") + 1
         plot_w = max(1, width - lw - 1)
-        mat, s0, s1 = load_matrix(m.moe_steps, m.moe_load, min(self.layer, self.n_layers() - 1), plot_w)
+        mat, s0, s1 = load_matrix(m.moe_steps, m.moe_load, min(self.moe_layer, self.n_layers() - 1), plot_w)
         strips = []
         for i in range(mat.shape[0]):
             ratio = mat[i] * e
@@ -145,7 +151,7 @@ class MoePanel(Vertical):
             yield Label("", id="moe-title", markup=False)
             yield Heatmap(id="heatmap")
             yield Label("", id="moe-legend", markup=False, classes="muted")
-            yield LineChart("moe/flip_rate", [SeriesSpec("flip rate", "moe/flip_rate")], id="chart-flip",
+            yield LineChart("moe/flip_rate", [SeriesSpec("moe/flip_rate", "moe/flip_rate")], id="chart-flip",
                             classes="moe-chart")
             yield LineChart("aux_loss", [SeriesSpec("aux_loss", "aux_loss")], id="chart-aux", classes="moe-chart")
             yield LineChart("moe/*", _moe_extra, id="chart-moe-other", classes="moe-chart")
@@ -164,12 +170,12 @@ class MoePanel(Vertical):
         t = Text()
         t.append("Expert load")
         if n:
-            li = min(hm.layer, n - 1)
+            li = min(hm.moe_layer, n - 1)
             name = f"model layer {layers[li]}" if layers and li < len(layers) else f"MoE layer {li}"
-            t.append(f" · {name} ({li + 1} of {n}) · {hm.n_experts()} experts")
+            t.append(f" · {name} ({li + 1}/{n}) · {hm.n_experts()} experts")
             if mi.get("top_k"):
                 t.append(f", top-{mi['top_k']}")
-            t.append("   [ ] or ← → change layer")
+            t.append("  · [ ] ← → layer")
         self.query_one("#moe-title", Label).update(t)
         self.query_one("#moe-legend", Label).update(
             "share of tokens vs uniform:  ' ' <¼  ░ <¾  ▒ ≈1×  ▓ <3×  █ ≥3× (hot)"

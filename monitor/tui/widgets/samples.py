@@ -98,7 +98,7 @@ class SamplesPanel(Vertical):
             id="sample-filter",
         )
         yield Label("", id="samples-status", markup=False)
-        yield DataTable(id="samples", cursor_type="row", zebra_stripes=True)
+        yield DataTable(id="samples-table", cursor_type="row", zebra_stripes=True)
         with VerticalScroll(id="sample-detail-scroll"):
             yield Static("", id="sample-detail", markup=False)
 
@@ -107,6 +107,9 @@ class SamplesPanel(Vertical):
         self._filter = SampleFilter()
         self._shown_version: object = None
         self._components: list[str] = []
+        self._width = 0
+        self._text_w = 40
+        self._prompt_w = 0
         self._rows: list[int] = []
         self.query_one("#sample-filter", Input).display = False
 
@@ -120,7 +123,7 @@ class SamplesPanel(Vertical):
         inp = self.query_one("#sample-filter", Input)
         if inp.display:
             inp.display = False
-            self.query_one("#samples", DataTable).focus()
+            self.query_one("#samples-table", DataTable).focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id != "sample-filter":
@@ -128,7 +131,7 @@ class SamplesPanel(Vertical):
         event.stop()
         self.set_filter(event.value)
         event.input.display = False
-        self.query_one("#samples", DataTable).focus()
+        self.query_one("#samples-table", DataTable).focus()
 
     def set_filter(self, spec: str) -> None:
         self._filter = SampleFilter.parse(spec)
@@ -140,17 +143,36 @@ class SamplesPanel(Vertical):
     # -- table -----------------------------------------------------------------------------
     def show(self, model: RunModel) -> None:
         self._model = model
-        key = (model.sample_version, self.app.theme)
+        key = (model.sample_version, self.app.theme, self.query_one("#samples-table").size.width)
         if key == self._shown_version:
             return
         self._shown_version = key
         app = self.app
-        table = self.query_one("#samples", DataTable)
+        table = self.query_one("#samples-table", DataTable)
         comps = model.reward_components()
-        if comps != self._components or not table.columns:
+        width = table.size.width or self.size.width or self.app.size.width
+        if comps != self._components or not table.columns or width != self._width:
             table.clear(columns=True)
-            table.add_columns("step", "#", "prompt", "completion", *comps, "len", "trunc", "correct")
+            heads = [_short_name(c) for c in comps]
+            table.add_column("step")
+            table.add_column("#")
+            table.add_column("ok")
+            for h in heads:
+                table.add_column(h, width=max(5, len(h)))
+            table.add_column("len")
+            table.add_column("trunc")
+            # What is left of the width goes to the completion: the column a reader scans.
+            # (Each column is padded by one cell on both sides; the prompt joins when wide.)
+            used = 6 + 5 + 4 + sum(max(5, len(h)) + 2 for h in heads) + 5 + 7 + 2 + 1
+            self._prompt_w = 24 if width >= 120 else 0
+            if self._prompt_w:
+                used += self._prompt_w + 2
+            self._text_w = max(20, width - used)
+            table.add_column("completion", width=self._text_w)
+            if self._prompt_w:
+                table.add_column("prompt", width=self._prompt_w)
             self._components = comps
+            self._width = width
         keep_key = None
         if table.row_count and table.cursor_row < len(self._rows):
             keep_key = self._rows[table.cursor_row]
@@ -168,13 +190,14 @@ class SamplesPanel(Vertical):
             table.add_row(
                 Text(short(s.get("step"))),
                 Text(short(s.get("index"))),
-                one_line(s.get("prompt"), 24),
-                one_line(s.get("completion"), 40),
-                *(Text(fmt(rewards.get(k)) if rewards.get(k) is not None else "—") for k in comps),
-                Text(short(s.get("length"))),
-                Text("yes" if s.get("truncated") else "no", style=role_style(app, "warning" if s.get("truncated") else "muted")),
                 Text("✓" if c is True else "✗" if c is False else "—",
                      style=role_style(app, "ok" if c is True else "critical" if c is False else "muted")),
+                *(Text(fmt(rewards.get(k)) if rewards.get(k) is not None else "—") for k in comps),
+                Text(short(s.get("length"))),
+                Text("yes" if s.get("truncated") else "no",
+                     style=role_style(app, "warning" if s.get("truncated") else "muted")),
+                one_line(s.get("completion"), self._text_w),
+                *([one_line(s.get("prompt"), self._prompt_w)] if self._prompt_w else []),
                 key=str(i),
             )
         status = f"{len(shown)} of {len(model.samples)} samples"
@@ -225,9 +248,21 @@ class SamplesPanel(Vertical):
             self._detail(int(event.row_key.value))
             self.query_one("#sample-detail-scroll").scroll_home(animate=False)
 
+    def on_resize(self) -> None:
+        if self._model is not None:
+            self.call_after_refresh(self.show, self._model)  # column widths follow the table's width
+
     def focus_main(self) -> None:
-        self.query_one("#samples", DataTable).focus()
+        self.query_one("#samples-table", DataTable).focus()
 
 
 def _int(v: Any) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else -1
+
+
+def _short_name(reward: str) -> str:
+    """A reward function's name without the ``_reward`` boilerplate, for a column header."""
+    for suffix in ("_reward", "_func", "_fn"):
+        if reward.endswith(suffix) and len(reward) > len(suffix):
+            return reward[: -len(suffix)]
+    return reward

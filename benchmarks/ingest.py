@@ -1,0 +1,261 @@
+"""Ingest speed of every log reader on a 100k-step, 30-metric run, and TensorBoard against its peers.
+
+Writes one run in each supported format (our run directory, ``trainer_state.json``, a TensorBoard
+event file written by ``torch.utils.tensorboard.SummaryWriter`` the way transformers'
+TensorBoard callback writes it, a W&B-style CSV and a verl-style JSONL), times ``load_source`` on
+each, times TensorBoard's own ``EventAccumulator`` and ``tbparse.SummaryReader`` on the same event
+file, and times the end-to-end offline analysis (``monitor.analysis.analyze``: read + replay of
+every detector) per format. Results go to the ``ingest`` section of benchmarks/RESULTS.md.
+
+    python benchmarks/ingest.py                 # the full run, a few minutes on 2 cores
+    python benchmarks/ingest.py --steps 5000 --no-results    # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.results import stamp, update_section  # noqa: E402
+from monitor.runlog import RunWriter  # noqa: E402
+from monitor.sources import load_source  # noqa: E402
+
+METRICS = [
+    "loss", "grad_norm", "learning_rate", "num_tokens",
+    "completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio",
+    "completions/mean_terminated_length", "completions/min_terminated_length", "completions/max_terminated_length",
+    "rewards/format_reward/mean", "rewards/format_reward/std", "rewards/correctness_reward/mean",
+    "rewards/correctness_reward/std", "reward", "reward_std", "frac_reward_zero_std", "entropy",
+    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max",
+    "kl", "step_time", "epoch",
+    "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+    "sampling/importance_sampling_ratio/max",
+]
+# verl's names for the metrics it has, as its file logger would write them
+VERL = {"entropy": "actor/entropy", "completions/mean_length": "response_length/mean",
+        "completions/max_length": "response_length/max", "completions/min_length": "response_length/min",
+        "completions/clipped_ratio": "response_length/clip_ratio", "reward": "critic/score/mean",
+        "grad_norm": "actor/grad_norm", "clip_ratio/region_mean": "actor/pg_clipfrac", "learning_rate": "actor/lr"}
+
+
+def values(steps: int, n: int, seed: int = 0) -> np.ndarray:
+    """Plausible curves: slow random walks around per-metric levels, positive, float64."""
+    rng = np.random.default_rng(seed)
+    walk = np.cumsum(rng.normal(0, 0.01, size=(steps, n)), axis=0)
+    return np.abs(rng.uniform(0.1, 10, size=n) * np.exp(walk * 0.1) + rng.normal(0, 0.01, size=(steps, n)))
+
+
+def write_all(d: Path, data: np.ndarray, log=print) -> dict[str, Path]:
+    steps = np.arange(1, len(data) + 1)
+    rows = data.tolist()
+    paths = {}
+
+    t = time.perf_counter()
+    run = d / "run"
+    w = RunWriter(run)
+    w.header(run_id="bench", start_time=time.time(), config={"logging_steps": 1}, model={"class": "Qwen3ForCausalLM"},
+             world_size=1, parent_run=None, reward_funcs=["format_reward", "correctness_reward"],
+             correctness_reward="correctness_reward", format_reward="format_reward", segment=0)
+    for s, row in zip(steps.tolist(), rows):
+        w.step(s, dict(zip(METRICS, row)), time=1.7e9 + s)
+    w.close()
+    paths["run_dir"] = run
+    log(f"  run_dir written in {time.perf_counter() - t:.1f} s")
+
+    t = time.perf_counter()
+    history = [{**dict(zip(METRICS, row)), "step": s} for s, row in zip(steps.tolist(), rows)]
+    history.append({"train_runtime": 1.0, "train_loss": 0.1, "total_flos": 0.0, "epoch": 1.0, "step": int(steps[-1])})
+    state = {"global_step": int(steps[-1]), "logging_steps": 1, "max_steps": int(steps[-1]), "log_history": history}
+    paths["trainer_state"] = d / "trainer_state.json"
+    paths["trainer_state"].write_text(json.dumps(state, indent=2, sort_keys=True))  # as transformers saves it
+    log(f"  trainer_state.json written in {time.perf_counter() - t:.1f} s")
+
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.utils.tensorboard import SummaryWriter
+
+        tb = d / "tb"
+        writer = SummaryWriter(str(tb))
+        tags = ["train/" + m for m in METRICS]
+        for s, row in zip(steps.tolist(), rows):
+            for tag, v in zip(tags, row):
+                writer.add_scalar(tag, v, s)
+        writer.close()
+    paths["tensorboard"] = tb
+    log(f"  TensorBoard event file written in {time.perf_counter() - t:.1f} s (SummaryWriter)")
+
+    t = time.perf_counter()
+    with open(d / "wandb_history.csv", "w") as fh:
+        fh.write(",".join(["_step", "_runtime", "_timestamp", *["train/" + m for m in METRICS], "train/global_step"]) + "\n")
+        for i, (s, row) in enumerate(zip(steps.tolist(), rows)):
+            fh.write(f"{i},{s * 0.1!r},{1.7e9 + s!r}," + ",".join(map(repr, row)) + f",{s}\n")
+    paths["csv"] = d / "wandb_history.csv"
+    log(f"  CSV written in {time.perf_counter() - t:.1f} s")
+
+    t = time.perf_counter()
+    names = [VERL.get(m, m) for m in METRICS]
+    with open(d / "metrics.jsonl", "w") as fh:
+        for s, row in zip(steps.tolist(), rows):
+            fh.write(json.dumps({"step": s, "data": dict(zip(names, row))}) + "\n")
+    paths["jsonl"] = d / "metrics.jsonl"
+    log(f"  JSONL written in {time.perf_counter() - t:.1f} s")
+    return paths
+
+
+def timed(fn, repeat: int = 1):
+    best, out = math.inf, None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def check(src, data: np.ndarray, fmt: str) -> None:
+    """The benchmark only counts if every reader returns the run it was given."""
+    assert len(src.steps) == len(data), (fmt, len(src.steps))
+    for i in (0, len(data) // 2, len(data) - 1):
+        step, metrics = src.steps[i]
+        assert step == i + 1, (fmt, step)
+        for m, v in zip(METRICS, data[i]):
+            got = metrics[m]
+            want = float(np.float32(v)) if fmt == "tensorboard" else v
+            assert got == want, (fmt, step, m, got, want)
+
+
+def event_accumulator(path: Path) -> int:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    guidance = {k: 0 for k in ("scalars", "tensors", "histograms", "images", "audio", "compressedHistograms")}
+    acc = EventAccumulator(str(path), size_guidance=guidance)
+    acc.Reload()
+    return sum(len(acc.Scalars(tag)) for tag in acc.Tags()["scalars"])
+
+
+def tbparse_scalars(path: Path) -> int:
+    from tbparse import SummaryReader
+
+    return len(SummaryReader(str(path)).scalars)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--workdir", help="keep the generated logs here (reused when already there)")
+    ap.add_argument("--no-results", action="store_true", help="print only; leave RESULTS.md alone")
+    ap.add_argument("--no-peers", action="store_true", help="skip EventAccumulator and tbparse")
+    args = ap.parse_args(argv)
+
+    data = values(args.steps, len(METRICS))
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="grpo-ingest-"))
+    marker = work / f"complete-{args.steps}"
+    try:
+        if args.workdir and marker.exists():
+            print(f"reusing logs in {work}")
+            paths = {"run_dir": work / "run", "trainer_state": work / "trainer_state.json", "tensorboard": work / "tb",
+                     "csv": work / "wandb_history.csv", "jsonl": work / "metrics.jsonl"}
+        else:
+            if args.workdir and work.exists():
+                shutil.rmtree(work)
+            work.mkdir(parents=True, exist_ok=True)
+            print(f"writing a {args.steps}-step, {len(METRICS)}-metric run in 5 formats to {work}")
+            paths = write_all(work, data)
+            marker.touch()
+
+        sizes = {f: sum(x.stat().st_size for x in ([p] if p.is_file() else p.rglob("*")) if x.is_file()) for f, p in paths.items()}
+        load: dict[str, float] = {}
+        for fmt, p in paths.items():
+            secs, src = timed(lambda p=p: load_source(p), repeat=2)
+            check(src, data, fmt)
+            load[fmt] = secs
+            print(f"load_source {fmt:14s} {secs:7.2f} s  ({sizes[fmt] / 1e6:.0f} MB)")
+
+        peers: dict[str, float] = {}
+        if not args.no_peers:
+            events = len(METRICS) * args.steps
+            secs, n = timed(lambda: event_accumulator(paths["tensorboard"]))
+            assert n == events, n
+            peers["EventAccumulator"] = secs
+            print(f"EventAccumulator          {secs:7.2f} s")
+            secs, n = timed(lambda: tbparse_scalars(paths["tensorboard"]))
+            assert n == events, n
+            peers["tbparse"] = secs
+            print(f"tbparse.SummaryReader     {secs:7.2f} s")
+
+        e2e: dict[str, float] = {}
+        try:
+            from monitor.analysis import analyze
+        except ImportError:
+            analyze = None
+        for fmt, p in paths.items():
+            if analyze is not None:
+                secs, report = timed(lambda p=p: analyze(p))
+                assert report.runs[0].steps == args.steps
+            else:  # fall back to what analyze does: read, then replay every step through the engine
+                from monitor.engine import Engine
+
+                def replay(p=p):
+                    src = load_source(p)
+                    engine = Engine(src.context)
+                    for step, metrics in src.steps:
+                        engine.update(step, metrics, src.samples.get(step))
+
+                secs, _ = timed(replay)
+            e2e[fmt] = secs
+            print(f"end to end {fmt:14s}  {secs:7.2f} s")
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    if not args.no_results:
+        update_section("ingest", render(args.steps, load, peers, e2e, sizes, analyze is not None))
+        print("updated benchmarks/RESULTS.md (ingest)")
+    return 0
+
+
+def render(steps: int, load: dict, peers: dict, e2e: dict, sizes: dict, have_analyze: bool) -> str:
+    uname = f"`uname -m`: {os.uname().machine}, `nproc`: {os.cpu_count()}"
+    lines = [
+        "## Log ingest (`benchmarks/ingest.py`)",
+        "",
+        f"{stamp()} · {uname}",
+        "",
+        f"One run of {steps:,} logged steps × {len(METRICS)} metrics in each format; `load_source` best of 2, "
+        "peers and end-to-end timed once. The TensorBoard file was written by `torch.utils.tensorboard.SummaryWriter`"
+        " (`train/<key>` tags, one event per scalar, as transformers writes it).",
+        "",
+        "| format | size | `load_source` | end to end" + (" (`analyze`)" if have_analyze else " (read + `Engine` replay)") + " |",
+        "|---|---|---|---|",
+    ]
+    for fmt in load:
+        ok = "" if e2e[fmt] <= 5 else " (target ≤ 5 s: NOT met)"
+        lines.append(f"| {fmt} | {sizes[fmt] / 1e6:.0f} MB | {load[fmt]:.2f} s | {e2e[fmt]:.2f} s{ok} |")
+    if peers:
+        tb = load["tensorboard"]
+        lines += ["", "TensorBoard ingest of the same event file:", "", "| reader | time | ours is faster by |", "|---|---|---|",
+                  f"| `monitor.sources` | {tb:.2f} s | — |"]
+        for name, secs in peers.items():
+            target = " (target ≥ 3×)" if name == "tbparse" else ""
+            met = "" if name != "tbparse" or secs / tb >= 3 else ": NOT met"
+            lines.append(f"| {name} | {secs:.2f} s | **{secs / tb:.1f}×**{target}{met} |")
+    if not have_analyze:
+        lines += ["", "`monitor.analysis.analyze` was not available: end to end is `load_source` plus an `Engine` replay of every step."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""No learning signal: the run spends compute without any gradient to follow (TRL issue 5697).
+
+Every group has identical rewards (``frac_reward_zero_std`` = 1), every completion is cut at
+``max_completion_length`` (``completions/clipped_ratio`` = 1), or rewards have no spread and the
+gradient is zero, sustained over several logged points. No GRPO variant fixes this, so the finding
+carries none. When entropy has exploded or collapsed relative to its own baseline, the stall is a
+symptom of that failure and is left to its own detector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from detectors.base import Metrics, Sample
+from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from detectors.signals import EntropyTrack, StepClock, get
+from detectors.stats import Window, rounded
+
+
+class NoLearningSignal(EpisodeDetector):
+    """Sustained all-zero-std groups, all-truncated completions, or zero spread with zero gradient.
+
+    Parameters: ``level`` (a share at or above it counts as "all"), ``persist_points``/``persist_steps``
+    (logged points and training steps in a row; critical at twice as many, or with two conditions
+    together), ``defer_high``/``defer_low``
+    (entropy ratios to its baseline beyond which the stall belongs to degeneration or collapse).
+
+    >>> det = NoLearningSignal()
+    >>> found = []
+    >>> for step in range(1, 11):
+    ...     found += det.update(step, {"completions/clipped_ratio": 1.0, "frac_reward_zero_std": 1.0,
+    ...                                "reward": 0.0, "reward_std": 0.0, "grad_norm": 0.0})
+    >>> [(f.severity, f.step) for f in found]
+    [('warning', 3), ('critical', 4)]
+    """
+
+    id = "no_learning_signal"
+    variant = None
+
+    def __init__(self, level: float = 0.98, persist_points: int = 3, persist_steps: int = 10, defer_high: float = 2.5,
+                 defer_low: float = 0.25) -> None:
+        self.level = check_float("level", level, 0.5, 1.0)
+        self.persist_points = check_int("persist_points", persist_points, 1)
+        self.persist_steps = check_int("persist_steps", persist_steps, 0)
+        self.defer_high = check_float("defer_high", defer_high, 1.0, 1e6, low_open=True)
+        self.defer_low = check_float("defer_low", defer_low, 0.0, 1.0, low_open=True, high_open=True)
+        super().__init__()
+
+    def _reset_state(self) -> None:
+        self.entropy = EntropyTrack(window=8, half=3, tol=0.3, min_span=20)
+        self.flags = Window(64)
+        self.rewards = Window(2 * self.persist_points + 1)
+        cap = (self.context.config or {}).get("max_completion_length")
+        self.cap = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
+
+    def _conditions(self, metrics: Metrics) -> tuple[list[str], bool]:
+        """The no-signal conditions holding at this step, and whether any was measurable."""
+        out = []
+        measured = False
+        fz = get(metrics, "frac_reward_zero_std")
+        if fz is not None:
+            measured = True
+            if fz >= self.level:
+                out.append("all_groups_zero_std")
+        cr = get(metrics, "completions/clipped_ratio")
+        if cr is not None:
+            measured = True
+            if cr >= self.level:
+                out.append("all_truncated")
+        rs, g = get(metrics, "reward_std"), get(metrics, "grad_norm")
+        if rs is not None and g is not None:
+            measured = True
+            if rs <= 1e-6 and g <= 1e-8:
+                out.append("zero_reward_std_and_gradient")
+        return out, measured
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        self.entropy.push_metrics(step, metrics)
+        conds, measured = self._conditions(metrics)
+        if not measured:
+            return None
+        self.flags.push(step, len(conds))
+        self._last_conds = conds
+        r = get(metrics, "reward")
+        if r is not None:
+            self.rewards.push(step, r)
+        k = self.persist_points
+        run = 0
+        for v in reversed(self.flags.values):
+            if not v:
+                break
+            run += 1
+        # The flagged run must also cover persist_steps of training (a coarse point covers several).
+        covered = (step - self.flags.steps[-run] + self.clock.gap) if run else 0
+        sustained = run >= k and covered >= self.persist_steps
+        long_sustained = run >= 2 * k and covered >= 2 * self.persist_steps
+        ev: dict[str, Any] = {"conditions": conds, "points_in_a_row": run, "persist_points": k, "level": self.level}
+        deferred = None
+        if self.entropy.ready:
+            ratio = self.entropy.ratio(2) or 1.0
+            ev["entropy_ratio_to_baseline"] = rounded(ratio, 3)
+            if ratio >= self.defer_high:
+                deferred = "degenerate_long_cot"
+            elif ratio <= self.defer_low:
+                deferred = "entropy_collapse"
+        if deferred:
+            ev["deferred_to"] = deferred
+        if self.rewards.values:
+            ev["reward"] = rounded(self.rewards.values[-1])
+        level = 0
+        if sustained and not deferred:
+            level = 1
+            both = sum(1 for v in self.flags.last(k) if v >= 2) == k
+            if long_sustained or (both and self.episode_len >= 1):
+                level = 2
+        onset = self.flags.steps[-run] if run and level else None
+        return Assessment(level=level, evidence=ev, onset_step=onset)
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        conds = evidence.get("conditions", [])
+        reward = evidence.get("reward")
+        if "all_truncated" in conds:
+            cap = f" (now {self.cap})" if self.cap else ""
+            advice = f"every completion is cut at the length cap: raise max_completion_length{cap} or ask for shorter answers."
+        elif reward is not None and reward <= 0:
+            advice = "every completion scores the same zero reward: the task is too hard for the model or the reward never pays; use easier prompts or partial credit."
+        else:
+            advice = "every completion in a group scores the same: make the task harder or the reward finer-grained."
+        lead = "No learning signal" if severity == "critical" else "The learning signal is vanishing"
+        return f"{lead}: {advice} No GRPO variant fixes this; the run is wasting compute."

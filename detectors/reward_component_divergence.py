@@ -1,0 +1,135 @@
+"""Reward components diverging: one component (say format) saturates while correctness does not move.
+
+A format reward climbing to its ceiling while correctness stays flat or falls means the reward
+function or the prompt format is wrong (TRL issue 5298, open-r1 407). The advice is to inspect the
+reward function on sampled outputs before tuning anything (recipe step 8); no variant fixes it.
+Components named after length are left to the length-reward coupling detector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
+from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from detectors.signals import CorrectnessSource, LevelTrack, StepClock, get, is_length_name, reward_names_in
+from detectors.stats import Window, mann_kendall, median, rounded
+
+
+class RewardComponentDivergence(EpisodeDetector):
+    """A non-correctness reward component rising far above its baseline while correctness is flat or falling.
+
+    Parameters: ``rise`` (gain of the component, relative to its level, that counts as a large
+    rise), ``noise_z`` (the gain must also exceed this many baseline noise sigmas),
+    ``persist_points``/``persist_steps`` (the pattern must hold for this many logged points and
+    training steps in a row), ``max_components`` (components tracked at most).
+
+    >>> det = RewardComponentDivergence()
+    >>> det.start(RunContext(correctness_reward="correct"))
+    >>> found = []
+    >>> for step in range(1, 121):
+    ...     fmt = 0.1 if step < 40 else min(0.98, 0.1 + 0.03 * (step - 40))
+    ...     found += det.update(step, {"rewards/correct/mean": 0.3 + 0.01 * (step % 3), "rewards/format/mean": fmt})
+    >>> [(f.severity, f.evidence["component"]) for f in found]
+    [('warning', 'format'), ('critical', 'format')]
+    """
+
+    id = "reward_component_divergence"
+    variant = None
+
+    def __init__(self, rise: float = 0.3, noise_z: float = 4.0, persist_points: int = 2, persist_steps: int = 10,
+                 max_components: int = 16) -> None:
+        self.rise = check_float("rise", rise, 0.0, 100.0, low_open=True)
+        self.noise_z = check_float("noise_z", noise_z, 0.0, 1e6)
+        self.persist_points = check_int("persist_points", persist_points, 1)
+        self.persist_steps = check_int("persist_steps", persist_steps, 0)
+        self.max_components = check_int("max_components", max_components, 1)
+        super().__init__()
+
+    def _reset_state(self) -> None:
+        self.correctness = CorrectnessSource(self.context)
+        self.correct = LevelTrack(window=32, half=3, tol=10.0, positive=False, min_span=20)
+        self.components: dict[str, LevelTrack] = {}
+        self.confirm_points, self.confirm_steps = self.persist_points, self.persist_steps
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        c = self.correctness.value(metrics)
+        if c is not None:
+            self.correct.push(step, c)
+        names = reward_names_in(metrics.keys())
+        pushed = False
+        for name in names:
+            if name == self.correctness.name:
+                continue
+            v = get(metrics, f"rewards/{name}/mean")
+            if v is None:
+                continue
+            track = self.components.get(name)
+            if track is None:
+                if len(self.components) >= self.max_components:
+                    continue
+                track = self.components[name] = LevelTrack(window=16, half=3, tol=10.0, positive=False, min_span=20)
+            track.push(step, v)
+            pushed = True
+        if c is None and not pushed:
+            return None
+        if self.correctness.name is None:
+            return Assessment(level=0, evidence={"reason": "no correctness component among the rewards"})
+        if not self.correct.ready or not any(t.ready for t in self.components.values()):
+            return Assessment(warming_up=True)
+        return self._judge(step)
+
+    def _judge(self, step: int) -> Assessment:
+        # Levels over about ten steps: one logged point of a binary reward mean is too noisy.
+        k = self.clock.points_for(10, self.clock.points())
+        relax = 1.5 if self.in_episode else 1.0
+        cb = self.correct.base or 0.0
+        cr = self.correct.recent(k) or 0.0
+        cn = max(self.correct.baseline.spread or 0.0, 0.02 * max(abs(cb), abs(cr)), 1e-6)
+        cvals = self.correct.window.last(24)
+        mk = mann_kendall(cvals)
+        c_flat = (cr - cb) <= max(2 * cn, 0.1 * abs(cb)) * relax and mk.p_up > 0.1 / relax
+        c_falling = mk.p_down < 0.05 and cr < cb
+        ev: dict[str, Any] = {
+            "correctness": {"metric": self.correctness.key, "recent": rounded(cr), "baseline": rounded(cb),
+                            "trend": mk.as_evidence(), "flat_or_falling": c_flat or c_falling},
+            "persist_points": self.confirm_points,
+        }
+        best: tuple[float, str, dict[str, Any]] | None = None
+        for name, track in self.components.items():
+            if not track.ready or is_length_name(name):
+                continue
+            b = track.base or 0.0
+            r = track.recent(k) or 0.0
+            noise = max(track.baseline.spread or 0.0, 1e-6)
+            gain = r - b
+            need = max(self.noise_z * noise, self.rise * max(abs(b), abs(r)))
+            info = {"recent": rounded(r), "baseline": rounded(b), "gain": rounded(gain), "threshold": rounded(need)}
+            score = gain / need if need > 0 else 0.0
+            if best is None or score > best[0]:
+                best = (score, name, info)
+        level = 0
+        if best is not None:
+            score, name, info = best
+            ev["component"] = name
+            ev[name] = info
+            if score >= 1.0 / relax and (c_flat or c_falling):
+                level = 1
+                recent = self.components[name].window.last(6)
+                saturated = len(recent) >= 4 and mann_kendall(recent).p_up > 0.05
+                ev["component_saturated"] = saturated
+                if self.episode_len >= self.confirm_points or (c_falling and self.episode_len >= 1):
+                    level = 2
+        return Assessment(level=level, evidence=ev, onset_step=None)
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        name = evidence.get("component", "a component")
+        info = evidence.get(name, {}) if isinstance(evidence.get(name), Mapping) else {}
+        corr = evidence.get("correctness", {})
+        return (
+            f"Reward component {name} rose from {info.get('baseline')} to {info.get('recent')} while {corr.get('metric')} "
+            f"stayed at {corr.get('recent')} (baseline {corr.get('baseline')}). Inspect the reward function on 50-100 "
+            "sampled outputs before tuning anything: the model may be optimising the wrong objective."
+        )
+

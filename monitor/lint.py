@@ -1,0 +1,598 @@
+"""Pre-flight recipe lint: the configuration checks that can be made before the first step.
+
+``lint(config, ...)`` returns ``config_*`` findings (the same records the detectors raise, at
+step 0): each names the rule it breaks, the fix as a config diff and the numbers behind it.
+It runs at train start (``lint_trainer``) and on a saved configuration
+(``grpo-monitor lint config.yaml | run_dir``).
+
+Rules (severity): ``config_num_generations`` (critical: fewer than 8 completions per prompt),
+``config_reward_count`` / ``config_format_reward`` (warning: fewer than two reward functions, no
+format reward), ``config_dataset_prompt`` / ``config_dataset_completions`` (warning: the dataset
+must hold prompts only), ``config_learning_rate`` / ``config_beta`` (info, first run only: more
+than 10x away from 5e-7 / 0.01, or beta 0), ``config_vllm_mode`` (warning: colocate on one GPU,
+server on several), ``config_vllm_cpu`` (critical), ``config_on_policy_trap`` (warning: clip-higher
+or sequence-level ratio that cannot act on-policy), ``config_moe_gspo`` (warning: an MoE model
+not on GSPO), ``config_vlm`` (warning: out of the recipe's scope), ``config_logging_steps`` (info:
+coarser detection), ``config_max_completion_length`` (warning: most completions truncated),
+``config_bf16`` (critical: bf16 where the device has none), ``config_memory`` (from the memory
+estimate: critical when it will not fit, warning within 10%).
+
+>>> ids = [f.detector for f in lint({"num_generations": 4, "learning_rate": 5e-7, "beta": 0.01,
+...     "logging_steps": 1}, reward_names=["format_reward", "correctness_reward"], device_kind="cuda")]
+>>> ids
+['config_num_generations']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from detectors.base import Finding
+from monitor.memory import config_dict, estimate, model_shape
+
+RECIPE_LEARNING_RATE = 5e-7
+RECIPE_BETA = 0.01
+MIN_GENERATIONS = 8
+FAR_FACTOR = 10.0
+COMPLETION_COLUMNS = ("completion", "completions", "response", "responses", "output", "outputs", "chosen", "rejected")
+FORMAT_HINTS = ("format", "xml", "schema", "tag")
+CLIPPED_MAJORITY = 0.5
+
+# GRPOConfig defaults of TRL 1.16 for the fields the rules read; a saved YAML may omit any of them.
+DEFAULTS: dict[str, Any] = {
+    "num_generations": 8,
+    "learning_rate": 1e-6,
+    "beta": 0.0,
+    "epsilon": 0.2,
+    "epsilon_high": None,
+    "importance_sampling_level": "token",
+    "loss_type": "dapo",
+    "num_iterations": 1,
+    "steps_per_generation": None,
+    "gradient_accumulation_steps": 1,
+    "per_device_train_batch_size": 8,
+    "logging_steps": 10,
+    "use_vllm": False,
+    "vllm_mode": "colocate",
+    "max_completion_length": 512,
+    "bf16": True,
+    "use_cpu": False,
+}
+
+
+def _finding(rule: str, severity: str, message: str, evidence: dict[str, Any],
+             overrides: dict[str, Any] | None = None, variant: str | None = None) -> Finding:
+    return Finding(detector=f"config_{rule}", severity=severity, step=0, onset_step=None, variant=variant,
+                   config_overrides=dict(overrides or {}), evidence=evidence, message=message)
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _far(value: float, target: float) -> bool:
+    return value <= 0 or max(value / target, target / value) > FAR_FACTOR
+
+
+def _reward_name(func: Any) -> str:
+    if isinstance(func, str):
+        return func.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    name = getattr(func, "__name__", None)
+    if name is None and hasattr(func, "config"):  # a reward model
+        name = str(getattr(func.config, "_name_or_path", "") or type(func).__name__).split("/")[-1]
+    return str(name or type(func).__name__)
+
+
+def _dataset_columns(dataset: Any) -> list[str] | None:
+    if dataset is None:
+        return None
+    cols = getattr(dataset, "column_names", None)
+    if isinstance(cols, Mapping):  # DatasetDict: the train split, else the first
+        cols = cols.get("train") or next(iter(cols.values()), None)
+    if cols is None and isinstance(dataset, Mapping):
+        cols = list(dataset.keys())
+    if cols is None and isinstance(dataset, Sequence) and dataset and isinstance(dataset[0], Mapping):
+        cols = list(dataset[0].keys())
+    return [str(c) for c in cols] if cols is not None else None
+
+
+def _local_bf16() -> tuple[str | None, bool | None]:
+    """(device kind, bf16 supported) of this machine, from torch when it is installed."""
+    try:
+        import torch
+    except ImportError:
+        return None, None
+    try:
+        if torch.cuda.is_available():
+            return "cuda", bool(torch.cuda.is_bf16_supported())
+    except Exception:
+        return None, None
+    return "cpu", False
+
+
+def lint(
+    config: Any,
+    *,
+    model: Any = None,
+    reward_funcs: Sequence[Any] | None = None,
+    reward_names: Sequence[str] | None = None,
+    dataset: Any = None,
+    num_devices: int | None = None,
+    device_kind: str | None = None,
+    first_run: bool = True,
+    completion_lengths: Sequence[int] | None = None,
+    bf16_supported: bool | None = None,
+    device_memory_gib: float | None = None,
+    clipped_ratio: float | None = None,
+    prompt_length: int | None = None,
+) -> list[Finding]:
+    """Check a GRPO configuration against the recipe; returns ``config_*`` findings at step 0.
+
+    ``config`` is a GRPOConfig or a dict of its fields (missing fields take TRL 1.16's defaults).
+    ``model`` is a model, a config/``config.json`` or run-header model facts. ``device_kind`` is
+    ``"cuda"`` or ``"cpu"``; None checks this machine (torch, imported here lazily).
+    ``bf16_supported`` overrides the device's bf16 capability. ``completion_lengths`` are token
+    lengths observed in the first steps; ``clipped_ratio`` is their truncated fraction when only
+    that is known. ``device_memory_gib`` enables the ``config_memory`` check.
+    """
+    raw = config_dict(config)
+    cfg = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None or k in ("epsilon_high", "steps_per_generation")}}
+    out: list[Finding] = []
+    shape = _safe_shape(model)
+
+    # the group baseline needs at least 8 samples
+    ng = int(_num(cfg["num_generations"]) or 0)
+    if ng < MIN_GENERATIONS:
+        out.append(_finding(
+            "num_generations", "critical",
+            f"num_generations={ng} is below the recipe's floor of {MIN_GENERATIONS}: the advantage is relative to the "
+            f"group mean, and fewer samples make that baseline too noisy. Use num_generations={MIN_GENERATIONS} (the "
+            f"generation batch, per_device_train_batch_size x steps_per_generation x devices, must stay divisible by it).",
+            {"num_generations": ng, "floor": MIN_GENERATIONS}, {"num_generations": MIN_GENERATIONS}))
+
+    # composite reward: format + correctness
+    names = list(reward_names) if reward_names is not None else (
+        [_reward_name(f) for f in reward_funcs] if reward_funcs is not None else None)
+    if names is None and isinstance(raw.get("reward_funcs"), list):
+        names = [_reward_name(f) for f in raw["reward_funcs"]]
+    if names is not None:
+        if len(names) < 2:
+            out.append(_finding(
+                "reward_count", "warning",
+                f"{len(names)} reward function(s) ({', '.join(names) or 'none'}): the recipe uses a composite reward, "
+                "format plus correctness, so a well-formatted wrong answer and a malformed one do not score the same.",
+                {"reward_funcs": names, "expected_at_least": 2}))
+        if not any(any(h in n.lower() for h in FORMAT_HINTS) for n in names):
+            out.append(_finding(
+                "format_reward", "warning",
+                f"No format reward among {names}: correctness alone loses the format signal. Add a format reward "
+                "(its name containing 'format', 'xml', 'schema' or 'tag' lets the monitor recognise it).",
+                {"reward_funcs": names, "hints": list(FORMAT_HINTS)}))
+
+    # the dataset holds prompts only
+    cols = _dataset_columns(dataset)
+    if cols is not None:
+        if "prompt" not in cols:
+            out.append(_finding(
+                "dataset_prompt", "warning",
+                f"The training dataset has no 'prompt' column (columns: {cols}); GRPOTrainer reads prompts from it.",
+                {"columns": cols}))
+        leaked = [c for c in cols if c.lower() in COMPLETION_COLUMNS]
+        if leaked:
+            out.append(_finding(
+                "dataset_completions", "warning",
+                f"The training dataset carries completion-like columns {leaked}: GRPO generates the completions "
+                "itself, so the dataset should hold prompts (and answer targets for the reward) only. These columns "
+                "are passed to every reward function; make sure none scores against a reference completion by mistake.",
+                {"columns": cols, "completion_like": leaked}))
+
+    # learning rate and beta: start from the recipe on a first run
+    if first_run:
+        lr = _num(cfg["learning_rate"])
+        if lr is not None and _far(lr, RECIPE_LEARNING_RATE):
+            out.append(_finding(
+                "learning_rate", "info",
+                f"learning_rate={lr:g} is more than {FAR_FACTOR:g}x away from the recipe's {RECIPE_LEARNING_RATE:g}; "
+                "start there and move only once a base run is stable and the rewards are inspected.",
+                {"learning_rate": lr, "recipe": RECIPE_LEARNING_RATE, "factor": FAR_FACTOR},
+                {"learning_rate": RECIPE_LEARNING_RATE}))
+        beta = _num(cfg["beta"])
+        if beta is not None and _far(beta, RECIPE_BETA):
+            why = "beta=0 drops the KL term (and the reference model)" if beta <= 0 else \
+                f"beta={beta:g} is more than {FAR_FACTOR:g}x away from the recipe's {RECIPE_BETA:g}"
+            out.append(_finding(
+                "beta", "info",
+                f"{why}; the recipe starts from beta={RECIPE_BETA:g} and moves only once a base run is stable.",
+                {"beta": beta, "recipe": RECIPE_BETA, "factor": FAR_FACTOR}, {"beta": RECIPE_BETA}))
+
+    # device facts
+    kind = device_kind
+    local_bf16 = None
+    if kind is None:
+        kind, local_bf16 = _local_bf16()
+    if cfg.get("use_cpu"):
+        kind = "cpu"
+    if bf16_supported is None:
+        bf16_supported = False if kind == "cpu" else local_bf16
+
+    # vLLM placement
+    if cfg.get("use_vllm"):
+        mode = str(cfg.get("vllm_mode") or "colocate")
+        if kind == "cpu":
+            out.append(_finding(
+                "vllm_cpu", "critical",
+                "use_vllm=True needs CUDA GPUs; on CPU set use_vllm=False (generation then runs through transformers).",
+                {"use_vllm": True, "device": "cpu"}, {"use_vllm": False}))
+        elif num_devices is not None:
+            n = int(num_devices)
+            if n <= 1 and mode != "colocate":
+                out.append(_finding(
+                    "vllm_mode", "warning",
+                    f"vllm_mode='{mode}' on one GPU: a separate vLLM server would compete with training for the same "
+                    "device. The recipe uses vllm_mode='colocate' on a single GPU.",
+                    {"vllm_mode": mode, "num_devices": n}, {"vllm_mode": "colocate"}))
+            elif n > 1 and mode == "colocate":
+                out.append(_finding(
+                    "vllm_mode", "warning",
+                    f"vllm_mode='colocate' on {n} GPUs: generation and training share every device. The recipe runs "
+                    "vllm_mode='server' on several GPUs (`trl vllm-serve` on its own GPU(s), training on the rest).",
+                    {"vllm_mode": mode, "num_devices": n}, {"vllm_mode": "server"}))
+
+    # on-policy trap: clip-higher and GSPO's sequence ratio do nothing when the ratio is identically 1
+    from monitor.recommend import is_on_policy
+
+    eps, eps_high = _num(cfg.get("epsilon")), _num(cfg.get("epsilon_high"))
+    clip_higher = eps_high is not None and (eps is None or not math.isclose(eps_high, eps))
+    sequence = str(cfg.get("importance_sampling_level")) == "sequence"
+    ga = int(_num(cfg.get("gradient_accumulation_steps")) or 1)
+    if (clip_higher or sequence) and is_on_policy({**cfg, "steps_per_generation": cfg.get("steps_per_generation") or ga}):
+        what = " and ".join(x for x in (
+            f"epsilon_high={eps_high:g}" if clip_higher else "",
+            "importance_sampling_level='sequence'" if sequence else "") if x)
+        out.append(_finding(
+            "on_policy_trap", "warning",
+            f"{what} changes nothing here: with num_iterations=1 and steps_per_generation == "
+            f"gradient_accumulation_steps ({ga}) the run is on-policy, the importance ratio is identically 1 and "
+            f"clipping never fires. Go off-policy (steps_per_generation={4 * ga}) or drop the setting.",
+            {"epsilon": eps, "epsilon_high": eps_high, "importance_sampling_level": cfg.get("importance_sampling_level"),
+             "num_iterations": cfg.get("num_iterations"), "steps_per_generation": cfg.get("steps_per_generation"),
+             "gradient_accumulation_steps": ga},
+            {"steps_per_generation": 4 * ga}, variant="gspo" if sequence else "dapo"))
+
+    # model family
+    if shape.get("is_moe") and str(cfg.get("importance_sampling_level")) != "sequence":
+        from detectors.variants import preset
+        from monitor.recommend import config_diff
+
+        overrides = config_diff(preset("gspo", cfg), cfg)
+        out.append(_finding(
+            "moe_gspo", "warning",
+            f"Mixture-of-experts model ({shape.get('num_experts')} experts, top-{shape.get('top_k')}) trained with "
+            "token-level importance ratios: under MoE routing they are high-variance noise. For MoE, GSPO "
+            "(importance_sampling_level='sequence', off-policy steps) is required, not optional.",
+            {"num_experts": shape.get("num_experts"), "top_k": shape.get("top_k"),
+             "importance_sampling_level": cfg.get("importance_sampling_level")}, overrides, variant="gspo"))
+    if shape.get("is_vlm"):
+        out.append(_finding(
+            "vlm", "warning",
+            "This is a vision-language model: vision-language RL is outside the recipe (tooling is fragmented, and "
+            "text-only GRPO on a VLM reward-hacks the text trace and ignores the image). The monitor's checks "
+            "assume text-only RL; treat its advice for this run with care.",
+            {"model_type": shape.get("model_type")}))
+
+    # detection granularity
+    ls = int(_num(cfg["logging_steps"]) or 1)
+    if ls > 1:
+        out.append(_finding(
+            "logging_steps", "info",
+            f"logging_steps={ls}: TRL averages metrics over {ls} steps, so the monitor sees (and detects) at that "
+            "granularity; logging_steps=1 gives per-step detection.",
+            {"logging_steps": ls}, {"logging_steps": 1}))
+
+    # truncation in the first steps
+    cap = int(_num(cfg.get("max_completion_length")) or 0)
+    frac = None
+    if completion_lengths:
+        lengths = [int(x) for x in completion_lengths]
+        frac = sum(1 for x in lengths if cap and x >= cap) / len(lengths)
+    elif clipped_ratio is not None:
+        frac = float(clipped_ratio)
+    if frac is not None and frac > CLIPPED_MAJORITY:
+        out.append(_finding(
+            "max_completion_length", "warning",
+            f"{100 * frac:.0f}% of the first completions hit max_completion_length={cap}: truncated completions "
+            "often score 0 on every reward, leaving no learning signal. Raise max_completion_length.",
+            {"truncated_fraction": frac, "max_completion_length": cap, "threshold": CLIPPED_MAJORITY},
+            {"max_completion_length": max(2 * cap, 1)} if cap else {}))
+
+    # bf16 where the device has none
+    if cfg.get("bf16") and bf16_supported is False:
+        where = "on CPU" if kind == "cpu" else "on a GPU without bf16 support"
+        out.append(_finding(
+            "bf16", "critical",
+            f"bf16=True {where}: transformers refuses to start. Set bf16=False"
+            + (" (the GPU may support fp16=True)." if kind != "cpu" else "."),
+            {"bf16": True, "device": kind, "bf16_supported": False}, {"bf16": False}))
+
+    # memory
+    if kind != "cpu" and device_memory_gib and shape.get("num_parameters"):
+        try:
+            est = estimate(cfg, shape, num_devices=num_devices or 1, device_memory_gib=device_memory_gib,
+                           prompt_length=prompt_length, device_kind=kind)
+            f = est.finding()
+            if f is not None:
+                out.append(f)
+        except Exception:  # sizing is advice; a shape it cannot read must not hide the other findings
+            pass
+    return out
+
+
+def _safe_shape(model: Any) -> dict[str, Any]:
+    if model is None:
+        return {}
+    try:
+        return model_shape(model)
+    except Exception:
+        return {}
+
+
+# -- from a trainer ------------------------------------------------------------------------------
+
+
+def trainer_facts(trainer: Any) -> dict[str, Any]:
+    """The keyword arguments ``lint`` takes, read from a TRL ``GRPOTrainer``."""
+    args = trainer.args
+    acc = getattr(trainer, "accelerator", None)
+    num_devices = int(getattr(acc, "num_processes", None) or getattr(args, "world_size", 1) or 1)
+    device = getattr(acc, "device", None) or getattr(args, "device", None)
+    kind = getattr(device, "type", None) or (str(device).split(":")[0] if device is not None else None)
+    memory = None
+    bf16_ok = None
+    if kind == "cuda":
+        try:
+            import torch
+
+            memory = torch.cuda.get_device_properties(device).total_memory / 1024**3
+            bf16_ok = bool(torch.cuda.is_bf16_supported())
+        except Exception:
+            pass
+    elif kind is not None and kind != "cuda":
+        bf16_ok = None if kind not in ("cpu",) else False
+    return {
+        "model": getattr(trainer, "model", None),
+        "reward_funcs": list(getattr(trainer, "reward_funcs", None) or []),
+        "reward_names": list(getattr(trainer, "reward_func_names", None) or []) or None,
+        "dataset": getattr(trainer, "train_dataset", None),
+        "num_devices": num_devices,
+        "device_kind": kind if kind in ("cuda", "cpu") else None,
+        "bf16_supported": bf16_ok,
+        "device_memory_gib": memory,
+    }
+
+
+def lint_trainer(trainer: Any, *, first_run: bool = True) -> list[Finding]:
+    """``lint`` with everything read from the trainer: args, model, reward functions, training
+    dataset and the accelerator's devices. A bf16 check is moot once the trainer exists (the
+    config could not have been built), so it reads what the run actually uses."""
+    facts = trainer_facts(trainer)
+    return lint(trainer.args, first_run=first_run, **facts)
+
+
+# -- from files ----------------------------------------------------------------------------------
+
+
+class LintInputError(ValueError):
+    """An unusable config file or run directory; the message names it."""
+
+
+def _coerce(v: Any) -> Any:
+    # YAML 1.1 reads 5e-7 (no dot) as a string; TRL's parser would convert it by the field's type.
+    if isinstance(v, str):
+        s = v.strip()
+        try:
+            return int(s)
+        except ValueError:
+            pass
+        try:
+            f = float(s)
+            return f
+        except ValueError:
+            return v
+    return v
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A TRL-style YAML (``trl grpo --config``: flat GRPOConfig keys plus script arguments) or JSON file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LintInputError(f"{p}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    data: Any
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise LintInputError(f"{p}: not valid JSON ({exc})") from None
+    else:
+        try:
+            import yaml
+        except ImportError:
+            raise LintInputError(f"{p}: reading YAML needs PyYAML (pip install pyyaml)") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise LintInputError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if isinstance(data, Mapping) and isinstance(data.get("config"), Mapping) and data.get("type") == "header":
+        data = data["config"]
+    if not isinstance(data, Mapping) or not data:
+        raise LintInputError(f"{p}: expected a mapping of GRPOConfig fields")
+    return {str(k): _coerce(v) for k, v in data.items()}
+
+
+def _first_steps_clipped(steps: list[dict[str, Any]], n: int = 5) -> float | None:
+    vals = []
+    for rec in steps[:n]:
+        v = (rec.get("metrics") or {}).get("completions/clipped_ratio")
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            vals.append(float(v))
+    if not vals:
+        return None
+    vals.sort()
+    return vals[len(vals) // 2]
+
+
+def lint_path(path: str | os.PathLike[str], **kwargs: Any) -> tuple[list[Finding], dict[str, Any]]:
+    """Lint a config file or a run directory; returns (findings, context used: config, shape, ...)."""
+    from monitor.runlog import RunLogError, is_run_dir, read_run
+
+    p = Path(path)
+    model = kwargs.pop("model", None)
+    ctx: dict[str, Any] = {"source": str(p)}
+    if p.is_dir() or p.name == "run.jsonl":
+        if not is_run_dir(p.parent if p.name == "run.jsonl" else p):
+            raise LintInputError(f"{p}: not a config file or grpo-monitor run directory (no run.jsonl)")
+        try:
+            log = read_run(p)
+        except RunLogError as exc:
+            raise LintInputError(str(exc)) from None
+        header = log.header
+        cfg = dict(header.get("config") or {})
+        if not cfg:
+            raise LintInputError(f"{p}: run header holds no config")
+        facts = dict(header.get("model") or {})
+        kwargs.setdefault("reward_names", header.get("reward_funcs"))
+        kwargs.setdefault("num_devices", header.get("world_size"))
+        kwargs.setdefault("first_run", not header.get("parent_run"))
+        if kwargs.get("completion_lengths") is None and kwargs.get("clipped_ratio") is None:
+            kwargs["clipped_ratio"] = _first_steps_clipped(log.steps)
+        if model is None and facts:
+            model = facts
+            path_hint = facts.get("name_or_path")
+            if path_hint and (Path(path_hint) / "config.json").is_file():
+                try:
+                    model = {**model_shape(path_hint), **{k: v for k, v in facts.items() if v is not None}}
+                except Exception:
+                    pass
+    else:
+        if not p.is_file():
+            raise LintInputError(f"{p}: no such file or directory")
+        cfg = load_config_file(p)
+        mp = cfg.get("model_name_or_path")
+        if model is None and isinstance(mp, str) and (Path(mp) / "config.json").is_file():
+            model = mp
+        ds = cfg.get("dataset_name")
+        if kwargs.get("dataset") is None and isinstance(ds, str) and Path(ds).is_file():
+            kwargs["dataset"] = _local_columns(Path(ds))
+    if isinstance(model, (str, os.PathLike)):
+        try:
+            model = model_shape(model)
+        except (OSError, ValueError) as exc:
+            raise LintInputError(f"{model}: cannot read the model config ({exc})") from None
+    ctx["config"] = cfg
+    ctx["model"] = model
+    findings = lint(cfg, model=model, **kwargs)
+    return findings, ctx
+
+
+def _local_columns(path: Path) -> dict[str, Any] | None:
+    """The column names of a local JSON-lines / JSON dataset file (first record), without loading it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            if path.suffix.lower() in (".jsonl", ".ndjson"):
+                first = json.loads(fh.readline())
+            elif path.suffix.lower() == ".json":
+                data = json.load(fh)
+                first = data[0] if isinstance(data, list) and data else data
+            else:
+                return None
+    except (OSError, ValueError):
+        return None
+    return dict.fromkeys(first) if isinstance(first, Mapping) else None
+
+
+# -- the CLI verb --------------------------------------------------------------------------------
+
+
+def add_lint_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("path", metavar="CONFIG_OR_RUN",
+                        help="a TRL-style YAML/JSON config (trl grpo --config) or a grpo-monitor run directory")
+    parser.add_argument("--model", default=None,
+                        help="model directory or config.json for the memory estimate (default: model_name_or_path)")
+    parser.add_argument("--num-devices", type=int, default=None, help="training GPUs (default: 1, or the run's world size)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="device the run trains on (default: this machine)")
+    parser.add_argument("--device-memory-gib", type=float, default=None,
+                        help="memory per device in GiB (default: this machine's first GPU)")
+    parser.add_argument("--prompt-length", type=int, default=None, help="prompt tokens for the activation estimate")
+    parser.add_argument("--not-first-run", action="store_true",
+                        help="skip the first-run advice on learning_rate and beta")
+    parser.add_argument("--json", action="store_true", help="print one JSON document: findings and memory estimate")
+    return parser
+
+
+def run_lint_cli(args: argparse.Namespace) -> int:
+    """Exit 0 when no warning/critical finding, 1 when some, 2 on unusable input."""
+    from monitor.memory import detect_device_memory_gib
+
+    device = None if args.device == "auto" else args.device
+    memory_gib = args.device_memory_gib
+    if memory_gib is None and device != "cpu":
+        memory_gib = detect_device_memory_gib()
+    kwargs: dict[str, Any] = {"device_kind": device, "device_memory_gib": memory_gib,
+                              "prompt_length": args.prompt_length}
+    if args.num_devices is not None:
+        kwargs["num_devices"] = args.num_devices
+    if args.not_first_run:
+        kwargs["first_run"] = False
+    try:
+        findings, ctx = lint_path(args.path, model=args.model, **kwargs)
+    except LintInputError as exc:
+        print(f"grpo-monitor: {exc}", file=sys.stderr)
+        return 2
+    est = None
+    if ctx.get("model"):
+        try:
+            est = estimate(ctx["config"], ctx["model"], num_devices=kwargs.get("num_devices") or 1,
+                           device_memory_gib=memory_gib, prompt_length=args.prompt_length, device_kind=device)
+        except Exception:
+            est = None
+    flagged = any(f.severity in ("warning", "critical") for f in findings)
+    if args.json:
+        doc = {"source": ctx["source"], "findings": [f.to_dict() for f in findings],
+               "memory": est.to_dict() if est is not None else None}
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print(format_report(ctx["source"], findings, est))
+    return 1 if flagged else 0
+
+
+def format_report(source: str, findings: Sequence[Finding], est: Any = None) -> str:
+    lines = [f"grpo-monitor lint: {source}"]
+    if not findings:
+        lines.append("  no findings: the configuration follows the recipe")
+    for f in findings:
+        lines.append(f"  [{f.severity}] {f.detector}: {f.message}")
+        if f.config_overrides:
+            from monitor.recommend import cli_flags
+
+            lines.append(f"      fix: {cli_flags(f.config_overrides)}")
+    if est is not None:
+        lines.append("")
+        lines.append("memory per device (estimate):")
+        lines.extend("  " + line for line in est.table().splitlines())
+    else:
+        lines.append("")
+        lines.append("memory: no estimate (pass --model DIR with a config.json, or set model_name_or_path to a local model)")
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""Recommendations as validated diffs, and auto-restart into the variant, in process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from detectors.base import Detector, Finding
+from monitor import read_run
+from monitor.catalogue import CatalogueError, apply_overrides, catalogue, validate
+from monitor.recommend import recommend
+from monitor.restart import PLAN_FILE, choose_checkpoint, read_plan
+
+
+class PlantedFinding(Detector):
+    """Raises one critical finding at a fixed step: drives the restart machinery on a real run."""
+
+    id = "entropy_collapse"
+    variant = "dapo"
+
+    def __init__(self, at_step: int = 3, variant: str = "dapo"):
+        self.at_step = at_step
+        self.planted_variant = variant
+        super().__init__()
+
+    def _reset(self):
+        pass
+
+    def _update(self, step, metrics, samples):
+        if step != self.at_step:
+            return []
+        return [Finding("entropy_collapse", "critical", step, step - 1, self.planted_variant, {}, {"planted": True},
+                        "planted for the test")]
+
+
+def finding(variant="dapo", severity="critical", overrides=None):
+    return {"detector": "entropy_collapse", "severity": severity, "step": 40, "onset_step": 30, "variant": variant,
+            "config_overrides": overrides or {}, "evidence": {}, "message": "m"}
+
+
+def test_recommendation_is_a_diff_without_no_op_advice():
+    config = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": None, "beta": 0.0,
+              "mask_truncated_completions": False, "num_iterations": 1, "gradient_accumulation_steps": 2,
+              "steps_per_generation": None}
+    rec = recommend(finding(), config)
+    assert rec["config_overrides"] == {"epsilon_high": 0.28, "mask_truncated_completions": True, "steps_per_generation": 8}
+    assert rec["cli_flags"] == "--epsilon_high 0.28 --mask_truncated_completions True --steps_per_generation 8"
+    assert rec["python"] == "GRPOConfig(..., epsilon_high=0.28, mask_truncated_completions=True, steps_per_generation=8)"
+    assert any("already uses TRL's token-level 'dapo' loss" in r for r in rec["reasons"])
+    assert any("on-policy" in r for r in rec["reasons"])
+    assert "soft_overlong" in json.dumps(rec["extra"]) or "overlong" in json.dumps(rec["extra"])
+
+
+def test_recipe_rules():
+    config = {"loss_type": "grpo", "scale_rewards": "group", "beta": 0.04}
+    assert recommend(finding(severity="warning"), config) is None  # switch only on a confirmed finding
+    assert recommend(finding(variant=None), config) is None
+    assert recommend(finding(variant="dr_grpo"), config, tried=["dr_grpo"]) is None  # never twice in a lineage
+    dr = recommend(finding(variant="dr_grpo"), config)
+    assert dr["config_overrides"] == {"loss_type": "dr_grpo", "scale_rewards": "none", "beta": 0.0}
+    assert dr["cli_flags"] == "--loss_type dr_grpo --scale_rewards none --beta 0.0"
+    moe = recommend(finding(variant="dapo"), {"gradient_accumulation_steps": 1, "num_iterations": 1}, is_moe=True)
+    assert moe["variant"] == "gspo" and moe["config_overrides"]["importance_sampling_level"] == "sequence"
+    already = {"loss_type": "dr_grpo", "scale_rewards": "none", "beta": 0.0}
+    assert recommend(finding(variant="dr_grpo"), already) is None
+
+
+def test_catalogue_is_validated_against_installed_trl():
+    import trl
+
+    cat = catalogue({"gradient_accumulation_steps": 2})
+    assert set(cat) == {"dapo", "dr_grpo", "gspo"} and cat["gspo"]["steps_per_generation"] == 8
+    with pytest.raises(CatalogueError, match=f"TRL {trl.__version__}.*loss_type='drgrpo'"):
+        validate({"loss_type": "drgrpo"})
+    with pytest.raises(CatalogueError, match="no field 'epsilon_hi'"):
+        validate({"epsilon_hi": 0.3})
+    with pytest.raises(CatalogueError, match="importance_sampling_level"):
+        validate({"importance_sampling_level": "seq"})
+
+
+@pytest.mark.parametrize("variant", ["dapo", "dr_grpo", "gspo"])
+def test_every_catalogue_entry_trains_a_step_and_changes_the_loss_path(tmp_path, variant):
+    import transformers
+
+    from monitor.demo import build_trainer, demo_config
+
+    transformers.logging.set_verbosity_error()
+    base = demo_config(tmp_path / "t", 2, disable_tqdm=True, learning_rate=1e-3)
+    overrides = catalogue(base.to_dict())[variant]
+    if variant == "dapo":
+        overrides["steps_per_generation"] = 4  # clip-higher acts only off-policy
+    args = apply_overrides(base, overrides)
+    trainer = build_trainer(args)
+    assert trainer.loss_type == overrides["loss_type"]
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2
+    if variant == "gspo":
+        assert trainer.importance_sampling_level == "sequence"
+        assert trainer.epsilon_high == pytest.approx(4e-4)
+        # Off-policy second step: the sequence-level ratio moved away from 1 and the tight bounds clip.
+        assert logs[1]["clip_ratio/region_mean"] > 0
+    if variant == "dr_grpo":
+        assert trainer.scale_rewards == "none"
+    if variant == "dapo":
+        assert trainer.epsilon_high == pytest.approx(0.28) and trainer.mask_truncated_completions
+
+
+def test_choose_checkpoint(tmp_path):
+    for s in (5, 10, 20):
+        (tmp_path / f"checkpoint-{s}").mkdir()
+    assert choose_checkpoint(tmp_path, onset_step=15, step=25).endswith("checkpoint-10")
+    assert choose_checkpoint(tmp_path, onset_step=3, step=25) is None
+    assert choose_checkpoint(tmp_path, onset_step=15, step=25, policy="latest").endswith("checkpoint-25")
+    assert choose_checkpoint(tmp_path, onset_step=15, step=25, policy="initial") is None
+    with pytest.raises(ValueError, match="restart_from"):
+        choose_checkpoint(tmp_path, 1, 2, policy="newest")
+
+
+def _make_trainer(args):
+    from monitor.demo import build_trainer
+
+    return build_trainer(args)
+
+
+def test_run_with_restarts_switches_to_the_variant_and_records_the_lineage(tmp_path):
+    import transformers
+
+    from monitor import run_with_restarts
+    from monitor.demo import demo_config
+
+    transformers.logging.set_verbosity_error()
+    args = demo_config(tmp_path / "out", 6, disable_tqdm=True, save_strategy="steps", save_steps=2)
+    lineage = run_with_restarts(_make_trainer, args, run_dir=tmp_path / "run", max_restarts=2,
+                                detectors=[PlantedFinding(at_step=3)])
+    assert [s.variant for s in lineage.segments] == [None, "dapo"]  # dapo is not tried twice
+    first, second = (read_run(s.run_dir) for s in lineage.segments)
+    assert [r["step"] for r in first.steps] == [1, 2, 3]
+    assert first.restarts and first.restarts[0]["variant"] == "dapo" and first.restarts[0]["child_run"] == "segment-1"
+    plan = read_plan(tmp_path / "run")
+    assert plan.variant == "dapo" and plan.step == 3 and plan.onset_step == 2
+    assert plan.resume_from is None  # no checkpoint before the onset: the initial model
+    assert (tmp_path / "out" / "checkpoint-3").is_dir() and (tmp_path / "out" / "checkpoint-2").is_dir()
+    cfg = second.header["config"]
+    assert cfg["epsilon_high"] == 0.28 and cfg["mask_truncated_completions"] is True
+    assert cfg["steps_per_generation"] == 4 and cfg["output_dir"].endswith("segment-1")
+    assert second.header["parent_run"] == first.header["run_id"] and second.header["segment"] == 1
+    assert second.header["tried_variants"] == ["dapo"]
+    assert lineage.segments[1].global_step == 6 and lineage.segments[1].plan is None
+    assert (tmp_path / "run" / PLAN_FILE).is_file() and not (tmp_path / "run" / "segment-1" / PLAN_FILE).exists()
+
+
+def test_max_restarts_zero_never_stops(tmp_path):
+    import transformers
+
+    from monitor import run_with_restarts
+    from monitor.demo import demo_config
+
+    transformers.logging.set_verbosity_error()
+    args = demo_config(tmp_path / "out", 4, disable_tqdm=True)
+    lineage = run_with_restarts(_make_trainer, args, run_dir=tmp_path / "run", max_restarts=0,
+                                detectors=[PlantedFinding(at_step=2)])
+    assert len(lineage) == 1 and lineage.segments[0].global_step == 4
+    log = read_run(tmp_path / "run")
+    assert [f["detector"] for f in log.findings] == ["entropy_collapse"] and not log.restarts
+    assert log.recommendations and log.recommendations[0]["variant"] == "dapo"
