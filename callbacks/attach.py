@@ -28,7 +28,15 @@ def _check_overrides_applied(args: Any, overrides: dict[str, Any]) -> None:
         )
 
 
-def attach(trainer: Any, run_dir: str | os.PathLike[str] | None = None, *, dashboard: bool = False, **options: Any) -> MonitorCallback:
+def attach(
+    trainer: Any,
+    run_dir: str | os.PathLike[str] | None = None,
+    *,
+    dashboard: bool = False,
+    require_reward_gate: bool = False,
+    gate_min_agreement: float = 0.9,
+    **options: Any,
+) -> MonitorCallback:
     """Attach the monitor to a ``GRPOTrainer`` (or any TRL/transformers trainer) and return its callback.
 
     ``run_dir`` defaults to ``<output_dir>/grpo-monitor``; under ``grpo-monitor supervise`` the
@@ -39,6 +47,11 @@ def attach(trainer: Any, run_dir: str | os.PathLike[str] | None = None, *, dashb
     interval in steps), ``max_text_chars`` (prompt/completion text kept per sample),
     ``auto_restart`` (stop on a confirmed finding and write a restart plan; off by default),
     ``max_restarts`` (default 2), ``restart_from`` (``before_onset``, ``latest`` or ``initial``).
+
+    ``require_reward_gate=True`` refuses to train (``RewardGateError``, naming the command to run)
+    until ``grpo-monitor inspect-rewards`` has saved a passed verdict for these reward functions in
+    the run directory, with at least ``gate_min_agreement`` of the judged samples agreed with.
+    ``dashboard=True`` prints the ``grpo-monitor watch`` command for this run.
 
     >>> monitor_cb = attach(trainer)          # doctest: +SKIP
     >>> trainer.train()                       # doctest: +SKIP
@@ -62,6 +75,11 @@ def attach(trainer: Any, run_dir: str | os.PathLike[str] | None = None, *, dashb
             options.setdefault("max_restarts", supervised["max_restarts"])
         _check_overrides_applied(trainer.args, supervised["overrides"])
     options.setdefault("parent_run", supervised["parent_run"])
+    if require_reward_gate:
+        from monitor.reward_gate import require_gate
+
+        # Every rank checks, so all of them refuse together.
+        logger.info("grpo-monitor: %s", require_gate(trainer, directory, gate_min_agreement))
     callback = MonitorCallback(trainer, directory, **options)
     trainer.add_callback(callback)
     if dashboard and getattr(trainer.args, "process_index", 0) == 0:

@@ -26,10 +26,13 @@ from callbacks.model_facts import model_facts
 from callbacks.reward_tap import _CORRECT_HINTS, _FORMAT_HINTS, RewardTap, guess_component
 from detectors.base import Detector, RunContext
 from monitor.engine import Engine
+from monitor.memory import system_metrics
 from monitor.metrics import SUMMARY_KEYS, normalize_metrics
 from monitor.runlog import RunWriter, _jsonable
 
 logger = logging.getLogger("grpo_monitor")
+# Detector states as TensorBoard scalars: a flat line at 0 is healthy.
+TB_STATE_CODES = {"warming_up": 0.0, "ok": 0.0, "warning": 1.0, "critical": 2.0, "disabled": -1.0}
 
 
 def library_versions() -> dict[str, str | None]:
@@ -105,6 +108,7 @@ class MonitorCallback(TrainerCallback):
         self.run_id = uuid.uuid4().hex[:12]
         self.recommended: set[str] = set()
         self.errors: dict[str, str] = {}
+        self._tb: Any = None
         self.writer: RunWriter | None = None
         self.router_tap: Any = None
         self.last_step_written = -1
@@ -205,13 +209,20 @@ class MonitorCallback(TrainerCallback):
                 tried_variants=self.tried,
                 auto_restart=self.auto_restart,
             )
-            if self.context.logging_steps > 1:
-                msg = (f"logging_steps={self.context.logging_steps}: metrics are averaged over "
-                       f"{self.context.logging_steps} steps, so detection is coarser; logging_steps=1 gives per-step detection")
-                logger.warning("grpo-monitor: %s", msg)
-                self.writer.write({"type": "note", "step": int(state.global_step), "level": "info", "message": msg})
+            lint_findings = self._guard("lint", self._lint, state) or []
+            if lint_findings:
+                self.writer.write(*({"type": "finding", **f.to_dict()} for f in lint_findings))
+            for f in lint_findings:
+                # logging_steps > 1 is said once, here, in one line: detection is coarser, nothing else changes.
+                logger.log(logging.INFO if f.severity == "info" and f.detector != "config_logging_steps" else logging.WARNING,
+                           "grpo-monitor: [%s] %s: %s", f.severity, f.detector, f.message)
         if facts.get("is_moe"):
             self._guard("router tap", self._install_router_tap, model)
+
+    def _lint(self, state: Any) -> list[Any]:
+        from monitor.lint import lint_trainer
+
+        return lint_trainer(self.trainer, first_run=not self.parent_run and int(state.global_step) == 0)
 
     def _install_router_tap(self, model: Any) -> None:
         from callbacks.router_tap import RouterTap
@@ -240,6 +251,7 @@ class MonitorCallback(TrainerCallback):
             writer.write({"type": "summary", "step": step, "metrics": normalize_metrics(logs)})
             return []
         metrics = normalize_metrics(logs)
+        metrics.update(self._guard("system metrics", system_metrics, True) or {})
         samples = self._guard("reward tap", self.reward_tap.drain, step) if self.reward_tap else None
         samples = samples or []
         if samples:
@@ -257,6 +269,8 @@ class MonitorCallback(TrainerCallback):
         if self.engine is not None:
             record["detectors"] = {k: v["state"] for k, v in self.engine.states().items()}
         recs = [r for r in (self._recommend(f) for f in findings) if r is not None]
+        if state.is_world_process_zero and self.engine is not None:
+            self._guard("tensorboard", self._to_tensorboard, step, record.get("detectors", {}), findings, recs)
         if state.is_world_process_zero:
             writer.write(record, *({"type": "finding", **f.to_dict()} for f in findings), *recs)
             for f in findings:
@@ -265,6 +279,34 @@ class MonitorCallback(TrainerCallback):
                 logger.warning("grpo-monitor: recommended %s: %s", r["variant"], r["python"])
         self.last_step_written = step
         return findings
+
+    def _to_tensorboard(self, step: int, states: dict[str, str], findings: list[Any], recs: list[dict[str, Any]]) -> None:
+        """Findings where TensorBoard users look: one scalar per detector state, and the findings as text."""
+        writer = self._tb_writer()
+        if writer is None:
+            return
+        for det, st in states.items():
+            writer.add_scalar(f"grpo_monitor/{det}", TB_STATE_CODES.get(st, 0.0), step)
+        if findings:
+            text = "\n\n".join(
+                f"**[{f.severity}] {f.detector}** at step {f.step}"
+                + (f" (onset ~{f.onset_step})" if f.onset_step is not None else "") + f": {f.message}"
+                for f in findings)
+            text += "".join(f"\n\nRecommended **{r['variant']}**: `{r['python']}` — `{r['cli_flags']}`" for r in recs)
+            writer.add_text("grpo_monitor/findings", text, step)
+        writer.flush()
+
+    def _tb_writer(self) -> Any:
+        if self._tb is None:
+            from transformers.integrations import TensorBoardCallback
+
+            for cb in self.trainer.callback_handler.callbacks:
+                if isinstance(cb, TensorBoardCallback) and getattr(cb, "tb_writer", None) is not None:
+                    self._tb = cb.tb_writer  # the same event file as the run's own scalars
+                    break
+            else:
+                self._tb = False
+        return self._tb or None
 
     def _recommend(self, finding: Any) -> dict[str, Any] | None:
         from monitor.recommend import recommend

@@ -16,7 +16,7 @@ from typing import Any
 from detectors.base import Metrics, Sample
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from detectors.signals import StepClock, CorrectnessSource, EntropyTrack, LevelTrack, get, groups_of, sample_length, sample_reward
-from detectors.stats import Window, mann_kendall, median, ols_slope, pearson, rounded, theil_sen
+from detectors.stats import Window, mann_kendall, median, ols_slope_se, pearson, rounded, theil_sen
 
 
 def within_group_length_reward_corr(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
@@ -37,8 +37,9 @@ class LengthRewardCoupling(EpisodeDetector):
     """Mean completion length trending up significantly while correctness stalls.
 
     Parameters: ``alpha`` (one-sided significance of the length trend), ``stall_elasticity``
-    (correctness counts as stalled when its relative gain across the window is below this share of
-    the length's relative growth: learning moves both, coupling only length),
+    (correctness counts as stalled when its relative gain across the window, plus one standard
+    error, is below this share of the length's relative growth: learning moves both, coupling
+    only length),
     ``min_growth`` (relative length growth across the trend window), ``level_ratio`` (recent
     length over the settled baseline), ``span_steps`` (trend window in training steps, so coarse
     and fine logs agree), ``min_points``/``max_points`` (bounds of that window in logged points),
@@ -61,7 +62,7 @@ class LengthRewardCoupling(EpisodeDetector):
 
     def __init__(
         self,
-        alpha: float = 0.01,
+        alpha: float = 0.05,
         stall_elasticity: float = 0.25,
         min_growth: float = 0.3,
         level_ratio: float = 1.3,
@@ -123,6 +124,8 @@ class LengthRewardCoupling(EpisodeDetector):
             self.reward.push(step, tot)
         if samples:
             self._push_samples(step, samples)
+        # Fine logs: each point is one noisy step, so ask for twice the stretch of training.
+        self.confirm_steps = 20 if self.clock.gap <= 2 else 10
         L = get(metrics, "completions/mean_length")
         if L is None or L <= 0:
             return None
@@ -167,12 +170,17 @@ class LengthRewardCoupling(EpisodeDetector):
         ev["length_trend"] = dict(mk_len.as_evidence(), relative_growth=rounded(growth, 3))
         length_rising = mk_len.p_up < self.alpha and growth >= self.min_growth
         mk_c = mann_kendall(cv, cs)
-        # Least squares, not Theil-Sen: a binary-reward mean is quantised and its pairwise slopes tie at 0.
-        c_gain = ols_slope(cs, cv) * span
-        c_rel = c_gain / max(abs(median(cv)), 1e-3)
-        elasticity = c_rel / growth if growth > 0 else 0.0
+        # Least squares, not Theil-Sen: a binary-reward mean is quantised and its pairwise slopes
+        # tie at 0. One standard error is added, so a noisy correctness must be clearly flat.
+        c_slope, c_se = ols_slope_se(cs, cv)
+        c_gain = c_slope * span
+        c_level = max(abs(median(cv)), 1e-3)
+        c_rel = c_gain / c_level
+        c_rel_upper = (c_gain + (c_se * span if math.isfinite(c_se) else abs(c_gain))) / c_level
+        elasticity = c_rel_upper / growth if growth > 0 else 0.0
         ev["correctness"] = {"metric": self.correctness.key, "p_up": rounded(mk_c.p_up, 3), "p_down": rounded(mk_c.p_down, 3),
                              "gain_over_window": rounded(c_gain), "relative_gain": rounded(c_rel, 3),
+                             "relative_gain_upper": rounded(c_rel_upper, 3),
                              "elasticity_to_length": rounded(elasticity, 3), "threshold_elasticity": self.stall_elasticity,
                              "recent": rounded(median(cv[-k:]))}
         stalled = elasticity <= self.stall_elasticity * (1.5 if self.in_episode else 1.0)

@@ -168,7 +168,7 @@ class MoeInstability(EpisodeDetector):
             vals = self._recent(self.clip, step, 4)
             q = quantile(vals, 0.9)
             bq = self.clip.q90 or 0.0
-            need = max(2.0 * bq, bq + 0.1)
+            need = max(1.75 * bq, bq + 0.05)
             ev["clip_fraction"] = {"recent_q90": rounded(q), "baseline_q90": rounded(bq), "threshold": rounded(need)}
             # Bursty: the upper tail moved, on more than one point.
             if q >= need * relax and sum(1 for v in vals if v >= need * relax) >= bursts_needed:

@@ -28,11 +28,11 @@ class NoLearningSignal(EpisodeDetector):
 
     >>> det = NoLearningSignal()
     >>> found = []
-    >>> for step in range(1, 11):
+    >>> for step in range(1, 31):
     ...     found += det.update(step, {"completions/clipped_ratio": 1.0, "frac_reward_zero_std": 1.0,
     ...                                "reward": 0.0, "reward_std": 0.0, "grad_norm": 0.0})
     >>> [(f.severity, f.step) for f in found]
-    [('warning', 3), ('critical', 4)]
+    [('warning', 10), ('critical', 11)]
     """
 
     id = "no_learning_signal"

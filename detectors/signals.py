@@ -213,7 +213,7 @@ class StepClock:
     """
 
     def __init__(self) -> None:
-        self._gaps: deque[int] = deque(maxlen=5)
+        self._gaps: deque[int] = deque(maxlen=8)
         self._last: int | None = None
 
     def tick(self, step: int) -> None:
@@ -223,7 +223,9 @@ class StepClock:
 
     @property
     def gap(self) -> int:
-        return int(median(list(self._gaps))) if self._gaps else 1
+        """Mean steps per logged point over the last few points (a mean, not a median: logs that
+        come in bursts with long holes cover training sparsely even if most gaps are 1)."""
+        return max(1, int(round(sum(self._gaps) / len(self._gaps)))) if self._gaps else 1
 
     def points_for(self, steps: int, minimum: int = 1) -> int:
         """Logged points covering about ``steps`` training steps, at least ``minimum``."""

@@ -122,6 +122,25 @@ def ols_slope(x: Sequence[float], y: Sequence[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
 
 
+def ols_slope_se(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares slope and its standard error (residual-based; inf with fewer than 3 points).
+
+    >>> ols_slope_se([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])
+    (2.0, 0.0)
+    """
+    n = len(x)
+    slope = ols_slope(x, y)
+    if n < 3:
+        return slope, math.inf
+    mx = sum(x) / n
+    my = sum(y) / n
+    sxx = sum((a - mx) ** 2 for a in x)
+    if sxx <= 0:
+        return slope, math.inf
+    rss = sum((b - my - slope * (a - mx)) ** 2 for a, b in zip(x, y))
+    return slope, math.sqrt(rss / (n - 2) / sxx)
+
+
 def mann_kendall(y: Sequence[float], x: Sequence[float] | None = None) -> TrendResult:
     """Mann-Kendall trend test with an autocorrelation correction of the variance.
 
@@ -152,9 +171,12 @@ def mann_kendall(y: Sequence[float], x: Sequence[float] | None = None) -> TrendR
         denom = float((resid * resid).sum())
         if denom > 0:
             r1 = float((resid[1:] * resid[:-1]).sum()) / denom
-            r1 = min(max(r1, 0.0), 0.9)
-            k = np.arange(1, n)
-            inflation = 1.0 + 2.0 * float(((1.0 - k / n) * r1**k).sum())
+            # Correct only for autocorrelation that is itself significant (one-sided 5%): on short
+            # windows a curved trend leaves correlated residuals that are not noise persistence.
+            if r1 > 1.645 / math.sqrt(n):
+                r1 = min(r1, 0.9)
+                k = np.arange(1, n)
+                inflation = 1.0 + 2.0 * float(((1.0 - k / n) * r1**k).sum())
     var_s *= inflation
     pairs = n * (n - 1) / 2.0
     tau = s / pairs if pairs else 0.0

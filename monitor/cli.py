@@ -43,6 +43,14 @@ def _parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("watch", help="live dashboard of a run directory (or any run analyze reads)")
     w.add_argument("path", metavar="RUN")
+
+    from monitor.lint import add_lint_arguments
+    from monitor.reward_gate import add_inspect_arguments
+
+    lp = sub.add_parser("lint", help="pre-flight recipe checks and memory estimate of a TRL YAML/JSON config or a run directory")
+    add_lint_arguments(lp)
+    ip = sub.add_parser("inspect-rewards", help="reward-inspection gate: judge reward scores on 50-100 sampled completions")
+    add_inspect_arguments(ip)
     return p
 
 
@@ -76,6 +84,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"grpo-monitor: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         return EXIT_CLEAN
+    if args.verb == "lint":
+        from monitor.lint import run_lint_cli
+
+        return run_lint_cli(args)
+    if args.verb == "inspect-rewards":
+        from monitor.reward_gate import run_inspect_cli
+
+        try:
+            return run_inspect_cli(args)
+        except ImportError as exc:
+            print(f"grpo-monitor: inspect-rewards needs the 'train' and 'tui' extras ({exc})", file=sys.stderr)
+            return EXIT_BAD_INPUT
     return EXIT_BAD_INPUT
 
 

@@ -286,7 +286,7 @@ def lint(
     if shape.get("is_vlm"):
         out.append(_finding(
             "vlm", "warning",
-            "This is a vision-language model: vision-language RL is outside the recipe (tooling is fragmented, and "
+            "This is a vision-language model: vision-language RL is out of scope of the recipe (tooling is fragmented, and "
             "text-only GRPO on a VLM reward-hacks the text trace and ignores the image). The monitor's checks "
             "assume text-only RL; treat its advice for this run with care.",
             {"model_type": shape.get("model_type")}))

@@ -159,7 +159,7 @@ def shape_from_config(cfg: Any) -> dict[str, Any]:
     tied = bool(full.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
     attn_bias = bool(text.get("attention_bias")) or model_type in ("qwen2", "qwen2_moe")
-    qk_norm = model_type.startswith("qwen3") or model_type.startswith("olmoe")
+    qk_norm = model_type.startswith(("qwen3", "olmoe"))
     attn = h * q_dim + 2 * h * kv_dim + q_dim * h
     if attn_bias:
         attn += q_dim + 2 * kv_dim
@@ -256,7 +256,7 @@ def model_shape(source: Any) -> dict[str, Any]:
         with open(path, encoding="utf-8") as fh:
             return shape_from_config(json.load(fh))
     if isinstance(source, Mapping):
-        if "num_parameters" in source and "hidden_size" not in source and "text_config" not in source:
+        if "num_parameters" in source:  # a config.json never has it: these are facts or a shape dict
             shape = dict(source)  # run-header facts or an earlier shape dict
             if isinstance(source.get("config"), Mapping):
                 shape = {**shape_from_config(source["config"]), **shape}
@@ -493,12 +493,14 @@ def estimate(
         # DeepSpeed keeps fp32 states and an fp32 master copy of 16-bit weights; torch optimizers keep
         # their states in the parameter's dtype and the parameter is its own master copy.
         master = 0
+        if ds:  # DeepSpeed runs its own optimizer: no per-tensor step counters
+            step_counter = False
         if ds and w_bytes < 4:
             s_bytes = 4 if s_bytes is None else s_bytes
             master = 4 * P_train
         per_state = (train_bytes / P_train * 1.0) if (s_bytes is None and P_train) else (s_bytes or w_bytes)
         opt_exact = n_states * (train_bytes if s_bytes is None else P_train * s_bytes)
-        opt = int(math.ceil(opt_exact)) + (4 * n_tensors if step_counter else 0)
+        opt = math.ceil(opt_exact) + (4 * n_tensors if step_counter else 0)
         formulas["optimizer_states"] = (f"{n_states:g} states x {P_train:,} x {per_state:g} B"
                                         + (f" + 4 B step x {n_tensors} tensors" if step_counter else "")
                                         + (" + fp32 master copy" if master else ""))
@@ -623,17 +625,20 @@ def estimate(
 def layer_activation_elements(shape: Mapping[str, Any], seq_len: int, attn_impl: str = "sdpa") -> tuple[int, int]:
     """Activation elements one token keeps for backward in a dense layer and in an MoE layer.
 
-    Saved per token: the two norm inputs and outputs (4h), q and the attention output (2 x q_dim),
-    k and v (2 x kv_dim), the SwiGLU gate/up outputs, their activation and product (4 x I);
-    an MoE layer keeps that for each of its top-k experts plus the router logits (E). Eager
-    attention also keeps the softmax probabilities (heads x seq_len); SDPA/flash do not.
+    Counted from what autograd saves in a Qwen3 layer (measured with saved-tensor hooks on the
+    tiny models): 7h for the residual stream, the two RMSNorms and the projections' inputs;
+    4 x q_dim and 4 x kv_dim for q and k before and after their norms and rotary embedding, v and
+    the attention output; 4I for the SwiGLU (gate and up outputs, the activation, the product).
+    An MoE layer keeps, per routed copy of a token (top-k), the expert input and output (2h) and
+    the expert's SwiGLU (4 x moe_intermediate), plus the router logits (E). Eager attention also
+    keeps the softmax probabilities (heads x seq_len); SDPA and flash attention do not.
     """
     h = int(shape.get("hidden_size") or 0)
     heads = int(shape.get("num_heads") or 0)
     head_dim = int(shape.get("head_dim") or (h // heads if heads else 0))
     kv = int(shape.get("num_kv_heads") or heads)
     q_dim, kv_dim = heads * head_dim, kv * head_dim
-    common = 4 * h + 2 * q_dim + 2 * kv_dim
+    common = 7 * h + 4 * q_dim + 4 * kv_dim
     if attn_impl == "eager":
         common += heads * seq_len
     dense = common + 4 * int(shape.get("intermediate_size") or 0)
@@ -642,7 +647,7 @@ def layer_activation_elements(shape: Mapping[str, Any], seq_len: int, attn_impl:
         k = int(shape.get("top_k") or 1)
         e = int(shape.get("num_experts") or 0)
         shared = int(shape.get("shared_expert_intermediate_size") or 0)
-        moe = common + 4 * k * int(shape.get("moe_intermediate_size") or 0) + e + 4 * shared
+        moe = common + k * (4 * int(shape.get("moe_intermediate_size") or 0) + 2 * h) + e + (4 * shared + h if shared else 0)
     return dense, moe
 
 
@@ -666,13 +671,15 @@ def config_dict(config: Any) -> dict[str, Any]:
 # -- per-step system metrics ---------------------------------------------------------------------
 
 
-def system_metrics() -> dict[str, float]:
-    """Peak and current memory of this process as ``system/*`` metrics (bytes / GiB).
+def system_metrics(reset_peak: bool = False) -> dict[str, float]:
+    """Peak and current memory of this process as ``system/*`` metrics, in GiB.
 
-    On CUDA (when torch is already imported and sees a device): ``system/gpu_peak_allocated_gib``,
-    ``system/gpu_peak_reserved_gib``, ``system/gpu_allocated_gib`` and ``system/gpu_total_gib`` of
-    the current device. Always: ``system/rss_gib`` and ``system/rss_peak_gib`` of the process.
-    torch is never imported here: a process that has not imported it has no device memory.
+    On CUDA (when torch is already imported and has initialised a device):
+    ``system/gpu_peak_allocated_gib``, ``system/gpu_peak_reserved_gib``, ``system/gpu_allocated_gib``
+    and ``system/gpu_total_gib`` of the current device; ``reset_peak=True`` then resets the CUDA peak
+    counters, so each call reports the peak since the previous one (one logging window). Always:
+    ``system/rss_gib`` and ``system/rss_peak_gib`` (since process start) of the process. torch is
+    never imported here: a process that has not imported it has no device memory.
     """
     out: dict[str, float] = {}
     torch = sys.modules.get("torch")
@@ -684,6 +691,8 @@ def system_metrics() -> dict[str, float]:
                 out["system/gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved(dev) / GIB
                 out["system/gpu_allocated_gib"] = torch.cuda.memory_allocated(dev) / GIB
                 out["system/gpu_total_gib"] = torch.cuda.get_device_properties(dev).total_memory / GIB
+                if reset_peak:
+                    torch.cuda.reset_peak_memory_stats(dev)
         except Exception:
             pass
     rss, peak = _process_memory()

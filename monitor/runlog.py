@@ -66,22 +66,37 @@ def dumps(record: Mapping[str, Any]) -> str:
         return _encoder.encode(_jsonable(record))
 
 
+def _cut_torn_tail(fd: int) -> int:
+    size = os.fstat(fd).st_size
+    if not size or os.pread(fd, 1, size - 1) == b"\n":
+        return 0
+    chunk = 1 << 16
+    end = size
+    while end > 0:
+        start = max(0, end - chunk)
+        block = os.pread(fd, end - start, start)
+        nl = block.rfind(b"\n")
+        if nl >= 0:
+            keep = start + nl + 1
+            break
+        end = start
+    else:
+        keep = 0
+    os.ftruncate(fd, keep)
+    return size - keep
+
+
 class JsonlWriter:
     """Line-atomic appends to one JSON-lines file."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
-        # A previous writer killed mid-line leaves a torn tail; start on a fresh line so the
-        # torn bytes stay one (reported) bad line instead of corrupting our first record.
-        size = os.fstat(self._fd).st_size
-        if size:
-            with open(self.path, "rb") as fh:
-                fh.seek(size - 1)
-                if fh.read(1) != b"\n":
-                    os.write(self._fd, b"\n")
+        # A previous writer killed mid-line left a torn tail: that record was never complete, so it
+        # is cut off, and the file stays a sequence of whole records that every reader accepts.
+        self.truncated_bytes = _cut_torn_tail(self._fd)
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> int:
         data = "".join(dumps(r) + "\n" for r in records).encode("utf-8")

@@ -101,3 +101,24 @@ def test_header_describes_config_model_and_versions(trained):
 def test_no_monitor_errors(trained):
     _, _, _, callback = trained
     assert callback.errors == {}
+
+
+def test_coarse_logging_is_said_once_and_changes_nothing(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="grpo_monitor")
+    trainer, _ = train_tiny(tmp_path, steps=4, logging_steps=2)
+    said = [r for r in caplog.records if "logging_steps" in r.getMessage() and r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "\n" not in said[0].getMessage()
+    assert trainer.args.logging_steps == 2
+    log = read_run(tmp_path)
+    assert [r["step"] for r in log.steps] == [2, 4]
+    assert any(f["detector"] == "config_logging_steps" for f in log.findings)
+    # Samples of both steps in each logging window are attached to the logged step.
+    assert len(log.samples_by_step()[2]) == 2 * trainer.args.per_device_train_batch_size
+
+
+def test_system_metrics_are_recorded(trained):
+    _, run_dir, _, _ = trained
+    frame = load_run(run_dir)
+    assert (frame["system/rss_peak_gib"] > 0).all()

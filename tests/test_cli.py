@@ -77,3 +77,19 @@ def test_markdown_report(tmp_path):
     assert out.returncode in (0, 1)
     text = md.read_text()
     assert text.startswith("# grpo-monitor report") and "Verdict:" in text and "entropy" in text
+
+
+def test_lint_verb_on_a_config_file(tmp_path):
+    cfg = tmp_path / "grpo.yaml"
+    cfg.write_text("output_dir: out\nnum_generations: 4\nlearning_rate: 5.0e-7\nbeta: 0.01\nbf16: false\nuse_cpu: true\n")
+    out = cli("lint", str(cfg), "--device", "cpu", "--json")
+    assert out.returncode == 1, out.stderr
+    assert "config_num_generations" in out.stdout
+
+
+def test_inspect_rewards_auto_on_the_demo_model(tmp_path):
+    out = cli("inspect-rewards", "--demo", "--auto", "--num-samples", "50", "--run-dir", str(tmp_path / "gate"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "format_reward" in out.stdout and "correctness_reward" in out.stdout
+    assert "no one judged these samples" in out.stdout  # --auto never passes the gate
+    assert not (tmp_path / "gate" / "reward_gate.json").exists()

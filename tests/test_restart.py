@@ -165,3 +165,21 @@ def test_max_restarts_zero_never_stops(tmp_path):
     log = read_run(tmp_path / "run")
     assert [f["detector"] for f in log.findings] == ["entropy_collapse"] and not log.restarts
     assert log.recommendations and log.recommendations[0]["variant"] == "dapo"
+
+
+def test_findings_reach_tensorboard_when_the_run_reports_there(tmp_path, monkeypatch):
+    from tests.conftest import train_tiny
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    train_tiny(tmp_path / "run", steps=3, report_to="tensorboard", attach_options={"detectors": [PlantedFinding(at_step=2)]})
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    states = [(e.step, e.value) for e in acc.Scalars("grpo_monitor/entropy_collapse")]
+    assert [s for s, _ in states] == [1, 2, 3]
+    assert "train/entropy" in acc.Tags()["scalars"]  # the same event file as TRL's own scalars
+    texts = acc.Tensors("grpo_monitor/findings/text_summary")
+    assert [t.step for t in texts] == [2]
+    body = texts[0].tensor_proto.string_val[0].decode()
+    assert "entropy_collapse" in body and "Recommended **dapo**" in body

@@ -45,6 +45,7 @@ def test_dashboard_in_a_real_terminal(tmp_path: Path) -> None:
         ["tmux", "-L", sock, "-f", "/dev/null", "new-session", "-d", "-s", "dash", "-x", "120", "-y", "40", cmd],
         check=True, env=env, cwd=ROOT, timeout=20,
     )
+    socket_path = _tmux(sock, "display-message", "-p", "#{socket_path}").strip()
     try:
         text = _wait_for(sock, ["entropy", "completion length", "demo-run"])
         for name in ("entropy", "completion length", "┄cap 256", "loss_type dapo", "Qwen3MoeForCausalLM"):
@@ -61,3 +62,5 @@ def test_dashboard_in_a_real_terminal(tmp_path: Path) -> None:
         assert "dash" not in _tmux(sock, "list-sessions"), "q did not quit the dashboard"
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, timeout=20)
+        if socket_path:
+            Path(socket_path).unlink(missing_ok=True)

@@ -106,7 +106,7 @@ def _detect(p: Path) -> tuple[str, Path]:
         raise SourceError(p, "empty file")
     from monitor.sources.tensorboard import looks_like_event_file
 
-    if looks_like_event_file(head) or ("tfevents" in p.name and not head.lstrip()[:1] in (b"{", b"[")):
+    if looks_like_event_file(head) or ("tfevents" in p.name and head.lstrip()[:1] not in (b"{", b"[")):
         return "tensorboard", p
     return _detect_text(p, head), p
 

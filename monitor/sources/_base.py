@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -171,7 +172,7 @@ class Normalizer:
     """
 
     def __init__(self, drop: Iterable[str] = ()) -> None:
-        self._plans: dict[tuple[str, ...], list[tuple[str, str]] | None] = {}
+        self._plans: dict[tuple[Any, ...], tuple[tuple[str, ...], Any] | None] = {}
         self._drop = frozenset(drop)
 
     def __call__(self, logs: Mapping[str, Any]) -> Metrics:
@@ -182,19 +183,17 @@ class Normalizer:
             self._plans[keys] = plan
         if plan is None:
             return self._reference(logs)
-        out: Metrics = {}
-        for key, name in plan:
-            v = logs[key]
-            if v is None or type(v) is float:
-                out[name] = v
-            elif type(v) is int:
-                try:
-                    out[name] = float(v)
-                except OverflowError:  # an integer beyond float range (JSON allows it)
-                    out[name] = math.inf if v > 0 else -math.inf
-            else:  # a string, a bool or something odd: let the reference implementation decide
-                return self._reference(logs)
-        return out
+        names, pick = plan
+        if len(names) > 1:
+            values = pick(logs)
+        else:
+            values = (pick(logs),) if names else ()
+        kinds = set(map(type, values))
+        if kinds <= _FLOATS:  # the common case, checked and copied at C speed
+            return dict(zip(names, values))
+        if not kinds <= _NUMBERS:  # a string, a bool or something odd: the reference implementation decides
+            return self._reference(logs)
+        return dict(zip(names, map(_as_float, values)))
 
     def _reference(self, logs: Mapping[str, Any]) -> Metrics:
         out = normalize_metrics(logs)
@@ -203,17 +202,41 @@ class Normalizer:
                 del out[name]
         return out
 
-    def _plan(self, keys: tuple[str, ...]) -> list[tuple[str, str]] | None:
+    def _plan(self, keys: tuple[str, ...]) -> tuple[tuple[str, ...], Any] | None:
         if not all(isinstance(k, str) for k in keys):
             return None
-        # Replaying normalize_metrics' rules on numeric values: the same names, the same winner.
-        out: dict[str, str] = {}
-        for key in keys:
-            name = normalize(key)
-            if name == "step" or (name in out and key != name):
-                continue
-            out[name] = key
-        return [(key, name) for name, key in out.items() if name not in self._drop]
+        pairs = plan_names(keys, self._drop)
+        names = tuple(name for _, name in pairs)
+        pick = operator.itemgetter(*(key for key, _ in pairs)) if pairs else (lambda logs: ())
+        return names, pick
+
+
+def plan_names(keys: Iterable[str], drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """``(key, name)`` for every key ``normalize_metrics`` keeps, in its order and with its winners.
+
+    When two keys map to one name (an alias next to the canonical spelling) the canonical key
+    wins, else the first; ``step`` aliases and ``drop`` names are left out.
+    """
+    out: dict[str, str] = {}
+    for key in keys:
+        name = normalize(key)
+        if name == "step" or (name in out and key != name):
+            continue
+        out[name] = key
+    return [(key, name) for name, key in out.items() if name not in drop]
+
+
+def _as_float(v: Any) -> float | None:
+    if v is None or type(v) is float:
+        return v
+    try:
+        return float(v)
+    except OverflowError:  # an integer beyond float range (JSON allows it)
+        return math.inf if v > 0 else -math.inf
+
+
+_FLOATS = frozenset({float, type(None)})
+_NUMBERS = frozenset({float, int, type(None)})
 
 
 def guess_context(names: Iterable[str], logging_steps: int | None, steps: list[int]) -> RunContext:

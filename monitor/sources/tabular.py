@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from monitor.metrics import SUMMARY_KEYS
-from monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
+import numpy as np
+
+from monitor.sources._base import Normalizer, plan_names, Source, SourceError, StepTable, as_step, finish, guess_context
 
 # Step fields, best first: the trainer's own step beats a logger's call counter (W&B's ``_step``
 # counts ``wandb.log`` calls, which differs from the trainer step when logging_steps > 1).
@@ -104,12 +106,10 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _step_key(rec: dict[str, Any]) -> str | None:
-    best = None
-    for key in rec:
-        rank = _STEP_RANK.get(key)
-        if rank is not None and rec[key] is not None and (best is None or rank < _STEP_RANK[best]):
-            best = key
-    return best
+    for key in STEP_FIELDS:
+        if rec.get(key) is not None:
+            return key
+    return None
 
 
 def _short(value: Any) -> str:
@@ -164,38 +164,44 @@ def read_csv(path: Path) -> Source:
     src = Source(path=path, format="csv")
     step_col, columns = _csv_columns(path, header, src.warnings)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delim)
-    table = StepTable()
-    norm = Normalizer(drop=SUMMARY_KEYS)
-    skipped = ragged = 0
     try:
         next(reader)
+        rows = []
+        lines = []
         for row in reader:
-            lineno = reader.line_num
-            if not row:
-                continue
-            if len(row) != len(header):
-                ragged += 1
-            cell = row[step_col].strip() if step_col < len(row) else ""
-            if not cell:
-                skipped += 1
-                continue
-            step = as_step(cell)
-            if step is None:
-                raise SourceError(path, f"step cell {_short(cell)} is not an integer", lineno)
-            values: dict[str, Any] = {}
-            for i, name in columns:
-                if i < len(row):
-                    v = row[i]
-                    if v:
-                        try:
-                            values[name] = float(v)
-                        except ValueError:
-                            x = _cell(v)
-                            if x is not _DROP:
-                                values[name] = x
-            table.add(step, norm(values))
+            if row:
+                rows.append(row)
+                lines.append(reader.line_num)
     except csv.Error as exc:
         raise SourceError(path, f"malformed CSV ({one_line_exc(exc)})", reader.line_num) from None
+    width = len(header)
+    ragged = sum(1 for r in rows if len(r) != width)
+    if ragged:  # a torn last row, or a writer that changed its columns: missing cells are gaps
+        rows = [r + [""] * (width - len(r)) if len(r) < width else r for r in rows]
+    steps: list[int | None] = []
+    skipped = 0
+    for row, lineno in zip(rows, lines):
+        cell = row[step_col].strip()
+        if not cell:
+            skipped += 1
+            steps.append(None)
+            continue
+        step = as_step(cell)
+        if step is None:
+            raise SourceError(path, f"step cell {_short(cell)} is not an integer", lineno)
+        steps.append(step)
+    names, values, present = _numeric_columns(rows, columns)
+    table = StepTable()
+    matrix = values.tolist()
+    full = present.all(axis=1).tolist() if len(names) else [True] * len(rows)
+    for k, step in enumerate(steps):
+        if step is None:
+            continue
+        if full[k]:
+            table.add(step, dict(zip(names, matrix[k])))
+        else:
+            r = matrix[k]
+            table.add(step, {names[j]: r[j] for j in np.flatnonzero(present[k]).tolist()})
     if not len(table):
         raise SourceError(path, "no row with a step value")
     if skipped:
@@ -207,13 +213,42 @@ def read_csv(path: Path) -> Source:
     return src
 
 
+def _numeric_columns(rows: list[list[str]], columns: list[tuple[int, str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Metric names and, per row and column, the value and whether the cell held a number.
+
+    A column is parsed in one C-level conversion when every cell is a number; one with empty
+    cells (an eval metric, a metric logged every few steps) or words goes cell by cell.
+    """
+    keep = plan_names((name for _, name in columns), SUMMARY_KEYS)
+    index = {name: i for i, name in columns}  # a repeated header name: its last column, as in a dict
+    names = [name for _, name in keep]
+    values = np.full((len(rows), len(keep)), np.nan)
+    present = np.ones((len(rows), len(keep)), dtype=bool)
+    by_column = list(zip(*rows)) if rows else []
+    for j, (key, _) in enumerate(keep):
+        i = index[key]
+        col = by_column[i] if rows else ()
+        try:
+            values[:, j] = list(map(float, col))
+            continue
+        except ValueError:
+            pass
+        for k, cell in enumerate(col):
+            x = _cell(cell) if cell else _DROP
+            if x is _DROP:
+                present[k, j] = False
+            else:
+                values[k, j] = x
+    return names, values, present
+
+
 _DROP = object()
 
 
 def _cell(text: str) -> Any:
-    """A cell float() refused: padded numbers still count; words (``true``, ``null``) are no measurement."""
+    """A cell's number; words (``true``, ``null``) are no measurement."""
     try:
-        return float(text.strip())
+        return float(text)
     except ValueError:
         return _DROP
 

@@ -159,8 +159,8 @@ def _fields(buf: bytes, pos: int, end: int):
         raise _Corrupt("message overruns its length")
 
 
-def parse_event(buf: bytes, pos: int, end: int) -> tuple[float, int, list[tuple[str, float]]]:
-    """Wall time, step and the scalar ``(tag, value)`` pairs of one serialised ``Event``."""
+def parse_event(buf: bytes, pos: int, end: int) -> tuple[float, int, list[tuple[bytes, float]]]:
+    """Wall time, step and the scalar ``(tag, value)`` pairs (tags as raw bytes) of one serialised ``Event``."""
     wall, step, scalars = 0.0, 0, []
     for field, wire, a, b in _fields(buf, pos, end):
         if field == 1 and wire == 1:
@@ -178,14 +178,14 @@ def parse_event(buf: bytes, pos: int, end: int) -> tuple[float, int, list[tuple[
     return wall, step, scalars
 
 
-def _parse_value(buf: bytes, pos: int, end: int) -> tuple[str, float] | None:
+def _parse_value(buf: bytes, pos: int, end: int) -> tuple[bytes, float] | None:
     tag = node = None
     value = None
     for field, wire, a, b in _fields(buf, pos, end):
         if field == 1 and wire == 2:
-            tag = buf[a:b].decode("utf-8", "replace")
+            tag = buf[a:b]
         elif field == 7 and wire == 2:
-            node = buf[a:b].decode("utf-8", "replace")
+            node = buf[a:b]
         elif field == 2 and wire == 5:
             value = _F32.unpack_from(buf, a)[0]
         elif field == 8 and wire == 2:
@@ -291,188 +291,275 @@ def _signed(v: int, field: int) -> int:
 
 
 class _Scalars:
-    """Scalar events of one file as parallel arrays (tags as ids into ``tags``)."""
+    """Scalar events of every file as parallel arrays; tags as ids into ``tags``.
+
+    ``order`` ranks records by recency: files oldest first, records in file order (a writer
+    appends in time order, so a later record in a file is a later write).
+    """
 
     def __init__(self) -> None:
         self.tags: list[str] = []
         self.steps: list[np.ndarray] = []
         self.tag_ids: list[np.ndarray] = []
         self.values: list[np.ndarray] = []
-        self.walls: list[np.ndarray] = []
         self.order: list[np.ndarray] = []
-        self._tag_index: dict[str, int] = {}
+        self._tag_index: dict[bytes, int] = {}
 
-    def tag_id(self, tag: str) -> int:
+    def tag_id(self, tag: bytes) -> int:
         i = self._tag_index.get(tag)
         if i is None:
             i = self._tag_index[tag] = len(self.tags)
-            self.tags.append(tag)
+            self.tags.append(tag.decode("utf-8", "replace"))
         return i
 
-    def add(self, steps, tag_ids, values, walls, order) -> None:
+    def tag_ids_of(self, tags: list[bytes]) -> np.ndarray:
+        index = self._tag_index
+        get = index.get
+        ids = [get(t, -1) for t in tags]
+        if -1 in ids:  # first sight of some tags: register them, then look up again
+            for t in set(tags).difference(index):
+                self.tag_id(t)
+            ids = [index[t] for t in tags]
+        return np.array(ids, dtype=np.int64)
+
+    def add(self, steps, tag_ids, values, order) -> None:
         self.steps.append(np.asarray(steps, dtype=np.int64))
         self.tag_ids.append(np.asarray(tag_ids, dtype=np.int64))
         self.values.append(np.asarray(values, dtype=np.float64))
-        self.walls.append(np.asarray(walls, dtype=np.float64))
         self.order.append(np.asarray(order, dtype=np.int64))
 
 
-def _frame(buf: bytes) -> tuple[np.ndarray, int]:
-    """Start offsets of every complete record, and the offset where framing stopped."""
-    n = len(buf)
+def _frame(buf: bytes) -> np.ndarray:
+    """Start offsets of the records, following the length fields (bounds are checked by the caller)."""
     starts: list[int] = []
     add = starts.append
     unpack = _U64.unpack_from
     pos = 0
-    while pos + 12 <= n:
-        end = pos + unpack(buf, pos)[0] + 16
-        if end > n:
-            break
-        add(pos)
-        pos = end
-    return np.array(starts, dtype=np.int64), pos
+    try:  # the tightest loop CPython allows; it ends when fewer than 8 bytes are left at ``pos``
+        while True:
+            add(pos)
+            pos += unpack(buf, pos)[0] + 16
+    except struct.error:
+        pass
+    return np.array(starts, dtype=np.int64)
 
 
-def _gather(arr: np.ndarray, idx: np.ndarray, width: int) -> np.ndarray:
-    """``arr[idx + 0 .. idx + width - 1]`` as an ``(len(idx), width)`` array, clipped to ``arr``."""
-    full = idx[:, None] + np.arange(width, dtype=np.int64)
-    np.minimum(full, len(arr) - 1, out=full)
-    return arr[full]
+def _view(buf: bytes, dtype: str) -> np.ndarray:
+    """Every byte offset of ``buf`` as the start of a ``dtype`` value: ``view[i]`` reads ``buf[i:i+size]``."""
+    size = np.dtype(dtype).itemsize
+    count = max(len(buf) - size + 1, 0)
+    return np.ndarray((count,), dtype=dtype, buffer=buf, offset=0, strides=(1,))
 
 
-def _varint_vec(arr: np.ndarray, pos: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode varints of at most ``width`` bytes at ``pos``: (value, byte count, ok)."""
-    raw = _gather(arr, pos, width).astype(np.int64)
-    ends = raw < 0x80
-    ok = ends.any(axis=1)
-    nbytes = np.argmax(ends, axis=1) + 1
-    shifts = np.arange(width, dtype=np.int64) * 7
-    keep = np.arange(width)[None, :] < nbytes[:, None]
-    value = (((raw & 0x7F) << shifts) * keep).sum(axis=1)
-    return value, nbytes, ok
+class _Views:
+    def __init__(self, buf: bytes) -> None:
+        self.n = len(buf)
+        self.u8 = np.frombuffer(buf, dtype=np.uint8)
+        self.u32 = _view(buf, "<u4")
+        self.u64 = _view(buf, "<u8")
+        self.f32 = _view(buf, "<f4")
+
+    def at(self, view: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """``view`` at ``pos``; positions past the end read the last value (callers mask those out)."""
+        if not len(view):
+            return np.zeros(len(pos), dtype=view.dtype)
+        return view[np.clip(pos, 0, len(view) - 1)]
 
 
-def _tag_ids(arr: np.ndarray, off: np.ndarray, length: np.ndarray, out: _Scalars) -> np.ndarray:
-    """A tag id per record, computed per tag length with a row hash verified byte for byte."""
-    ids = np.empty(len(off), dtype=np.int64)
-    for tl in np.unique(length):
-        sel = np.flatnonzero(length == tl)
-        width = max(8, -(-int(tl) // 8) * 8)
-        rows = _gather(arr, off[sel], width)
-        if tl < width:
-            rows[:, int(tl):] = 0
-        words = np.ascontiguousarray(rows).view(np.uint64)
-        h = words[:, 0].copy()
-        for c in range(1, words.shape[1]):
-            h = h * np.uint64(0x9E3779B97F4A7C15) + words[:, c]
-        uniq, first, inverse = np.unique(h, return_index=True, return_inverse=True)
-        if not np.array_equal(words, words[first][inverse]):  # a hash collision: compare whole rows
-            uniq_rows, first, inverse = np.unique(words, axis=0, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        local = np.array(
-            [out.tag_id(bytes(rows[i, : int(tl)]).decode("utf-8", "replace")) for i in first], dtype=np.int64
+_LEN_CRC: np.ndarray | None = None
+_CHUNK = 1 << 15
+
+
+def _length_crcs(lens: np.ndarray) -> np.ndarray:
+    """Masked CRC32C of each length's 8-byte little-endian encoding (a table for lengths < 65536)."""
+    global _LEN_CRC
+    if _LEN_CRC is None:
+        small = np.arange(65536, dtype=np.uint64)
+        _LEN_CRC = _masked_crc32c_rows(_le_bytes(small))
+    lens = lens.astype(np.uint64)
+    out = np.empty(len(lens), dtype=np.uint32)
+    small = lens < 65536
+    out[small] = _LEN_CRC[lens[small].astype(np.int64)]
+    if not small.all():
+        out[~small] = _masked_crc32c_rows(_le_bytes(lens[~small]))
+    return out
+
+
+def _le_bytes(x: np.ndarray) -> np.ndarray:
+    return np.stack([((x >> np.uint64(8 * k)) & np.uint64(0xFF)).astype(np.uint8) for k in range(8)], axis=1)
+
+
+def _file_time(buf: bytes, starts: np.ndarray, lens: np.ndarray) -> float:
+    """Wall time of the file's first event (its creation), to order files oldest first."""
+    if not len(starts):
+        return 0.0
+    try:
+        return parse_event(buf, int(starts[0]) + 12, int(starts[0] + 12 + lens[0]))[0]
+    except (_Corrupt, IndexError, struct.error):
+        return 0.0
+
+
+class _EventFile:
+    """One event file framed and checked, ready to be decoded."""
+
+    def __init__(self, path: Path, warnings: list[str]) -> None:
+        self.path = path
+        self.buf = buf = path.read_bytes()
+        self.starts = np.zeros(0, dtype=np.int64)
+        self.lens = np.zeros(0, dtype=np.int64)
+        self.time = 0.0
+        if not buf:
+            warnings.append(f"{path}: empty event file")
+            return
+        if not looks_like_event_file(buf[:12]):
+            raise SourceError(path, "not a TensorBoard event file (bad record header)")
+        n = len(buf)
+        v = self.views = _Views(buf)
+        starts = _frame(buf)
+        starts = starts[starts + 12 <= n]
+        raw = v.at(v.u64, starts)
+        # Framing is trusted only as far as the length CRCs hold: what follows a damaged record is dropped.
+        crc_ok = np.concatenate(
+            [_length_crcs(raw[i : i + _CHUNK]) == v.at(v.u32, starts[i : i + _CHUNK] + 8) for i in range(0, len(raw), _CHUNK)]
+            or [np.zeros(0, dtype=bool)]
         )
-        ids[sel] = local[inverse]
-    return ids
+        lens = raw.astype(np.int64)
+        overrun = (raw > np.uint64(n)) | (starts + lens + 16 > n)
+        bad = ~crc_ok | overrun
+        cut = int(np.argmax(bad)) if bad.any() else len(starts)
+        if cut < len(starts):
+            at = int(starts[cut])
+            if crc_ok[cut] and overrun[cut]:
+                warnings.append(f"{path}: skipped a half-written last record ({n - at} bytes)")
+            else:
+                warnings.append(f"{path}: damaged record at byte {at}; read the {cut} record(s) before it")
+        elif len(starts) and starts[-1] + lens[-1] + 16 < n:
+            warnings.append(f"{path}: skipped a half-written last record")
+        self.starts, self.lens = starts[:cut], lens[:cut]
+        self.time = _file_time(buf, self.starts, self.lens)
+
+    def decode(self, out: _Scalars, seq: int, warnings: list[str], fast: bool = True) -> int:
+        """Add this file's scalars to ``out``; return how many there were."""
+        n = len(self.starts)
+        if n == 0:
+            return 0
+        buf = self.buf
+        data = self.starts + 12
+        end = data + self.lens
+        order = np.arange(n, dtype=np.int64) + (seq << 40)
+        count = 0
+        slow = np.arange(n)
+        if fast:
+            # Chunks small enough to stay in cache: fresh multi-megabyte temporaries cost more in
+            # page faults than the arithmetic done on them.
+            parts: list[tuple[np.ndarray, ...]] = []
+            slow_parts = []
+            for lo in range(0, n, _CHUNK):
+                hi = min(n, lo + _CHUNK)
+                m, step, value, tag_off, tag_len = _fast_layout(self.views, data[lo:hi], end[lo:hi])
+                sel = np.flatnonzero(m)
+                if len(sel):
+                    ids = _tag_ids(self.views, buf, tag_off[sel], tag_len[sel], out)
+                    parts.append((step[sel], ids, value[sel], order[lo:hi][sel]))
+                    count += len(sel)
+                slow_parts.append(lo + np.flatnonzero(~m))
+            if parts:
+                out.add(*(np.concatenate(col) for col in zip(*parts)))
+            slow = np.concatenate(slow_parts)
+        rows: list[tuple[int, int, float, int]] = []
+        unreadable = 0
+        first_bad = None
+        for i in slow.tolist():
+            a, b = int(data[i]), int(end[i])
+            try:
+                _, step_n, scalars = parse_event(buf, a, b)
+            except (_Corrupt, IndexError, struct.error, OverflowError):
+                unreadable += 1
+                first_bad = first_bad if first_bad is not None else a - 12
+                continue
+            for tag, val in scalars:
+                rows.append((step_n, out.tag_id(tag), val, int(order[i])))
+        if unreadable:
+            warnings.append(f"{self.path}: skipped {unreadable} unreadable record(s) (first at byte {first_bad})")
+        if rows:
+            out.add(*zip(*rows))
+            count += len(rows)
+        return count
 
 
-def read_event_file(path: Path, out: _Scalars, seq: int, warnings: list[str], fast: bool = True) -> int:
-    """Add the scalars of one event file to ``out``; return how many scalar events it held."""
-    buf = path.read_bytes()
-    if not buf:
-        warnings.append(f"{path}: empty event file")
-        return 0
-    if not looks_like_event_file(buf[:12]):
-        raise SourceError(path, "not a TensorBoard event file (bad record header)")
-    arr = np.frombuffer(buf, dtype=np.uint8)
-    starts, stop = _frame(buf)
-    # Framing trusted only as far as the length CRCs hold: garbage after a damaged record is dropped.
-    head = _gather(arr, starts, 12)
-    lens = np.ascontiguousarray(head[:, :8]).view("<u8").reshape(-1).astype(np.int64)
-    stored = np.ascontiguousarray(head[:, 8:12]).view("<u4").reshape(-1)
-    bad = np.flatnonzero(_masked_crc32c_rows(head[:, :8]) != stored)
-    if len(bad):
-        cut = int(bad[0])
-        warnings.append(
-            f"{path}: damaged record at byte {int(starts[cut])}; read the {cut} record(s) before it"
-        )
-        starts, lens = starts[:cut], lens[:cut]
-    elif stop < len(buf):
-        if stop + 12 <= len(buf) and not looks_like_event_file(buf[stop : stop + 12]):
-            warnings.append(
-                f"{path}: damaged record at byte {stop}; read the {len(starts)} record(s) before it"
-            )
-        else:
-            warnings.append(f"{path}: skipped a half-written last record ({len(buf) - stop} bytes)")
-    n = len(starts)
-    if n == 0:
-        return 0
-    data = starts + 12
-    end = data + lens
-    order = np.arange(n, dtype=np.int64) + (seq << 40)
-    fast_mask = np.zeros(n, dtype=bool)
-    count = 0
-    if fast:
-        m, step, wall, value, tag_off, tag_len = _fast_layout(arr, data, end)
-        fast_mask = m
-        if m.any():
-            ids = _tag_ids(arr, tag_off[m], tag_len[m], out)
-            out.add(step[m], ids, value[m], wall[m], order[m])
-            count += int(m.sum())
-    slow = np.flatnonzero(~fast_mask)
-    rows: list[tuple[int, int, float, float, int]] = []
-    unreadable = 0
-    first_bad = None
-    for i in slow.tolist():
-        a, b = int(data[i]), int(end[i])
-        try:
-            wall_t, step_n, scalars = parse_event(buf, a, b)
-        except (_Corrupt, IndexError, struct.error, OverflowError):
-            unreadable += 1
-            first_bad = first_bad if first_bad is not None else a - 12
-            continue
-        for tag, v in scalars:
-            rows.append((step_n, out.tag_id(tag), v, wall_t, int(order[i])))
-    if unreadable:
-        warnings.append(f"{path}: skipped {unreadable} unreadable record(s) (first at byte {first_bad})")
-    if rows:
-        cols = list(zip(*rows))
-        out.add(*cols)
-        count += len(rows)
-    return count
+_U = np.uint64
+# Bytes 0..5 after the step: 0x2a (summary), its length, 0x0a (value), its length, 0x0a (tag), tag length.
+_SUMMARY_HEAD = _U(0x0A_00_0A_00_2A)
 
 
-def _fast_layout(arr: np.ndarray, data: np.ndarray, end: np.ndarray):
+def _fast_layout(v: _Views, data: np.ndarray, end: np.ndarray):
     """Decode every record laid out as ``Event{wall_time, [step], Summary{Value{tag, simple_value}}}``.
 
-    Returns a mask of the records that match this layout exactly (every length consistent with
-    the record's size) and, for those, step, wall time, value and the tag's offset and length.
+    This is what ``SummaryWriter.add_scalar`` writes for tags under 118 bytes and steps under
+    2**35. Returns a mask of the records that match the layout exactly (every length consistent
+    with the record's size) and, for those, step, value and the tag's offset and length. Eight
+    bytes are read at a time, so a record costs five gathers whatever its size.
     """
-    size = len(arr)
-    m = (end - data >= 16) & (arr[np.minimum(data, size - 1)] == 0x09)
-    wall = np.ascontiguousarray(_gather(arr, data + 1, 8)).view("<f8").reshape(-1)
+    m = (end - data >= 16) & (v.at(v.u8, data) == 0x09)
     p = data + 9
-    has_step = arr[np.minimum(p, size - 1)] == 0x10
-    step, step_n, ok = _varint_vec(arr, p + 1, 9)
-    m &= ~has_step | ok
-    step = np.where(has_step, step, 0)
-    q = np.where(has_step, p + 1 + step_n, p)
-    m &= arr[np.minimum(q, size - 1)] == 0x2A
-    slen, sn, ok = _varint_vec(arr, q + 1, 3)
-    r = q + 1 + sn
-    m &= ok & (r + slen == end)
-    m &= arr[np.minimum(r, size - 1)] == 0x0A
-    vlen, vn, ok = _varint_vec(arr, r + 1, 3)
-    t = r + 1 + vn
-    m &= ok & (t + vlen == end)
-    m &= arr[np.minimum(t, size - 1)] == 0x0A
-    tlen, tn, ok = _varint_vec(arr, t + 1, 3)
-    tag_off = t + 1 + tn
-    f = tag_off + tlen
-    m &= ok & (f + 5 == end)
-    m &= arr[np.clip(f, 0, size - 1)] == 0x15
-    value = np.ascontiguousarray(_gather(arr, np.clip(f + 1, 0, size - 1), 4)).view("<f4").reshape(-1).astype(np.float64)
-    return m, step, wall, value, tag_off, tlen
+    wp = v.at(v.u64, p)  # 0x10 and the step varint, or (step 0 is not written) the summary field
+    has_step = (wp & _U(0xFF)) == _U(0x10)
+    x = wp >> _U(8)
+    ends = ~x & _U(0x80_80_80_80_80)  # high bit clear: the varint's last byte
+    m &= ~has_step | (ends != _U(0))  # longer than 5 bytes: left to the general parser
+    last = ends & (~ends + _U(1))  # lowest terminator only
+    nbytes = 1 + sum((last > _U(0x80 << (8 * k))).astype(np.int64) for k in range(4))
+    x &= (last << _U(1)) - _U(1)
+    step = (x & _U(0x7F)).astype(np.int64)
+    for k in range(1, int(nbytes[has_step].max()) if has_step.any() else 1):
+        step |= ((x >> _U(8 * k)) & _U(0x7F)).astype(np.int64) << (7 * k)
+    step[~has_step] = 0
+    q = p + np.where(has_step, 1 + nbytes, 0)
+    # From q the rest of the record is fixed by its size: all three lengths follow from end - q.
+    rem = end - q
+    m &= (rem >= 11) & (rem < 130)
+    r = np.clip(rem, 11, 129).astype(np.uint64)
+    expected = _SUMMARY_HEAD | ((r - _U(2)) << _U(8)) | ((r - _U(4)) << _U(24)) | ((r - _U(11)) << _U(40))
+    m &= (v.at(v.u64, q) & _U(0xFFFF_FFFF_FFFF)) == expected
+    m &= v.at(v.u8, end - 5) == 0x15
+    value = v.at(v.f32, end - 4).astype(np.float64)
+    return m, step, value, q + 6, rem - 11
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_WORD_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
+
+
+def _tag_ids(v: _Views, buf: bytes, off: np.ndarray, length: np.ndarray, out: _Scalars) -> np.ndarray:
+    """A tag id per record: tags hashed eight bytes at a time, then checked word for word."""
+    h = length.astype(np.uint64) * _MIX
+    words = []
+    for j in range(-(-int(length.max()) // 8) if len(length) else 0):
+        w = v.at(v.u64, off + 8 * j)
+        if int(length.min()) < 8 * (j + 1):  # some tags end inside this word: clear what follows them
+            w &= _WORD_MASKS[np.clip(length - 8 * j, 0, 8)]
+        words.append(w)
+        h = (h ^ w) * _MIX
+        h ^= h >> np.uint64(29)
+    codes, rep = _factorize(h)
+    exact = np.array_equal(length, length[rep][codes]) and all(np.array_equal(w, w[rep][codes]) for w in words)
+    if not exact:  # a hash collision: fall back to comparing the tags themselves
+        return out.tag_ids_of([buf[a : a + b] for a, b in zip(off.tolist(), length.tolist())])
+    local = np.array([out.tag_id(buf[int(off[i]) : int(off[i] + length[i])]) for i in rep.tolist()], dtype=np.int64)
+    return local[codes]
+
+
+def _factorize(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(code per element, one index per code) without sorting the whole array: logs repeat few tags."""
+    uniq = np.unique(h[:4096])
+    pos = np.minimum(np.searchsorted(uniq, h), len(uniq) - 1)
+    missing = uniq[pos] != h
+    if missing.any():
+        uniq = np.union1d(uniq, np.unique(h[missing]))
+        pos = np.searchsorted(uniq, h)
+    rep = np.empty(len(uniq), dtype=np.int64)
+    rep[pos] = np.arange(len(h), dtype=np.int64)  # any occurrence will do as the representative
+    return pos, rep
 
 
 # ---------------------------------------------------------------------------- the source
@@ -481,26 +568,31 @@ def _fast_layout(arr: np.ndarray, data: np.ndarray, end: np.ndarray):
 def read_tensorboard(path: Path, fast: bool = True) -> Source:
     """One event file, or every event file under a folder, merged into one Source.
 
-    Files are taken oldest first (by their first event's wall time); when a step's metric was
-    logged more than once (a run resumed into the same folder re-logs the steps after its
-    checkpoint) the record with the later wall time wins, and one warning says so.
+    Files are taken oldest first (by the wall time of their first event). When a step's metric
+    was logged more than once, the latest write wins: a run resumed into the same folder re-logs
+    the steps after its checkpoint in a newer file. One warning says so.
     """
     files = find_event_files(path) if path.is_dir() else [path]
     if not files:
         raise SourceError(path, "no TensorBoard event files (*tfevents*) in this folder")
     src = Source(path=path, format="tensorboard")
-    out = _Scalars()
-    total = 0
+    opened: list[_EventFile] = []
     errors = []
-    for seq, f in enumerate(files):
+    for f in files:
         try:
-            total += read_event_file(f, out, seq, src.warnings, fast=fast)
+            opened.append(_EventFile(f, src.warnings))
         except SourceError as exc:
             if len(files) == 1:
                 raise
             errors.append(str(exc))
     if errors:
         src.warnings.append(f"{path}: skipped {len(errors)} unreadable event file(s): {errors[0]}")
+    opened.sort(key=lambda e: e.time)  # stable: same-time files keep their name order
+    out = _Scalars()
+    total = 0
+    for seq, ef in enumerate(opened):
+        total += ef.decode(out, seq, src.warnings, fast=fast)
+        ef.buf = b""  # release the file's bytes as soon as it is decoded
     if not total:
         raise SourceError(path, f"no scalar summaries in {len(files)} event file(s)")
     _pivot(src, out)
@@ -533,51 +625,72 @@ def _names(tags: list[str]) -> tuple[list[str], np.ndarray]:
 
 def _pivot(src: Source, out: _Scalars) -> None:
     steps = np.concatenate(out.steps)
-    cols_all = np.concatenate(out.tag_ids)
+    tag_ids = np.concatenate(out.tag_ids)
     values = np.concatenate(out.values)
-    walls = np.concatenate(out.walls)
     order = np.concatenate(out.order)
     names, col_of_tag = _names(out.tags)
-    cols = col_of_tag[cols_all]
+    cols = col_of_tag[tag_ids]
     keep = cols >= 0
     if not keep.all():
-        steps, cols, values, walls, order = steps[keep], cols[keep], values[keep], walls[keep], order[keep]
+        steps, cols, values, order = steps[keep], cols[keep], values[keep], order[keep]
     if len(steps) == 0:
         raise SourceError(src.path, "no scalar metrics besides the step counter")
-    idx = np.lexsort((order, walls, cols, steps))
-    steps, cols, values, order = steps[idx], cols[idx], values[idx], order[idx]
-    # The last record of every (step, metric) group wins.
-    last = np.ones(len(steps), dtype=bool)
-    last[:-1] = (steps[1:] != steps[:-1]) | (cols[1:] != cols[:-1])
-    if not last.all():
-        # Worth a warning only when files overlap or values disagree: the Trainer itself re-logs
-        # ``epoch`` with its end-of-training summary, same file, same value.
-        a, b = values[:-1], values[1:]
-        differ = ~((a == b) | (np.isnan(a) & np.isnan(b))) | ((order[:-1] >> 40) != (order[1:] >> 40))
-        clash = ~last[:-1] & differ
-        if clash.any():
-            dup_steps = np.unique(steps[:-1][clash])
-            src.warnings.append(
-                f"{src.path}: {len(dup_steps)} step(s) logged more than once (first at step {int(dup_steps[0])}, "
-                "e.g. a resumed run); the later record wins"
-            )
-        steps, cols, values = steps[last], cols[last], values[last]
-    uniq, row = np.unique(steps, return_inverse=True)
+    if not (order[1:] > order[:-1]).all():
+        idx = np.argsort(order, kind="stable")  # a file's slow-path records were appended after its fast ones
+        steps, cols, values, order = steps[idx], cols[idx], values[idx], order[idx]
+    # Rows: one per distinct step. A single writer's steps never decrease, which spares a sort.
+    if (steps[1:] >= steps[:-1]).all():
+        new = np.empty(len(steps), dtype=bool)
+        new[0] = True
+        np.not_equal(steps[1:], steps[:-1], out=new[1:])
+        uniq = steps[new]
+        row = np.cumsum(new) - 1
+    else:
+        uniq, row = np.unique(steps, return_inverse=True)
+        row = row.reshape(-1)
     ncol = len(names)
-    matrix = np.full((len(uniq), ncol), np.nan)
-    present = np.zeros((len(uniq), ncol), dtype=bool)
-    matrix[row, cols] = values
-    present[row, cols] = True
-    full = present.all(axis=1)
-    name_arr = names
-    result: list[tuple[int, dict[str, Any]]] = []
+    key = row * ncol + cols
+    if np.bincount(key, minlength=len(uniq) * ncol).max() > 1:
+        _resolve_duplicates(src, key, values, order, uniq, ncol)
+        keep = np.ones(len(key), dtype=bool)
+        srt = np.argsort(key, kind="stable")  # ties stay in write order: the last one is the latest
+        last = np.ones(len(srt), dtype=bool)
+        last[:-1] = key[srt][1:] != key[srt][:-1]
+        keep = srt[last]
+        key, values = key[keep], values[keep]
+    matrix = np.full(len(uniq) * ncol, np.nan)
+    present = np.zeros(len(uniq) * ncol, dtype=bool)
+    matrix[key] = values
+    present[key] = True
+    matrix = matrix.reshape(len(uniq), ncol)
+    present = present.reshape(len(uniq), ncol)
+    full = present.all(axis=1).tolist()
     rows = matrix.tolist()
-    step_list = uniq.tolist()
-    full_list = full.tolist()
-    for k, s in enumerate(step_list):
-        if full_list[k]:
-            result.append((s, dict(zip(name_arr, rows[k]))))
+    result: list[tuple[int, dict[str, Any]]] = []
+    for k, s in enumerate(uniq.tolist()):
+        if full[k]:
+            result.append((s, dict(zip(names, rows[k]))))
         else:
-            pres = present[k]
-            result.append((s, {name_arr[j]: rows[k][j] for j in np.flatnonzero(pres).tolist()}))
+            r = rows[k]
+            result.append((s, {names[j]: r[j] for j in np.flatnonzero(present[k]).tolist()}))
     src.steps = result
+
+
+def _resolve_duplicates(src: Source, key: np.ndarray, values: np.ndarray, order: np.ndarray, uniq: np.ndarray, ncol: int) -> None:
+    """Warn once when a (step, metric) was written more than once with different values or by different files.
+
+    The Trainer itself re-logs ``epoch`` with its end-of-training summary (same file, same
+    value): that is not worth a warning.
+    """
+    srt = np.lexsort((order, key))
+    k, v, o = key[srt], values[srt], order[srt]
+    same_key = k[1:] == k[:-1]
+    a, b = v[:-1], v[1:]
+    differ = ~((a == b) | (np.isnan(a) & np.isnan(b))) | ((o[:-1] >> 40) != (o[1:] >> 40))
+    clash = same_key & differ
+    if clash.any():
+        dup_steps = np.unique(uniq[k[1:][clash] // ncol])
+        src.warnings.append(
+            f"{src.path}: {len(dup_steps)} step(s) logged more than once (first at step {int(dup_steps[0])}, "
+            "e.g. a resumed run); the latest write wins"
+        )

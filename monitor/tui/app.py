@@ -76,7 +76,10 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
         if run.summary:
             records.append(dict(run.summary))
         return records
+    from monitor.recommend import recommend
+
     engine = Engine(ctx)
+    tried: set[str] = set()
     samples = src.samples if isinstance(src.samples, dict) else {}
     for step, metrics in src.steps:
         batch = samples.get(step)
@@ -86,6 +89,11 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
         for s in batch or ():
             records.append({"type": "sample", "step": int(step), **s})
         records += [{"type": "finding", **f.to_dict()} for f in findings]
+        for f in findings:  # the same recommendations the live monitor and `analyze` give
+            rec = recommend(f.to_dict(), ctx.config, is_moe=ctx.is_moe, tried=tried)
+            if rec is not None:
+                tried.add(rec["variant"])
+                records.append(rec)
     return records
 
 

@@ -178,8 +178,15 @@ class RunModel:
     def latest_metric(self, name: str) -> float | None:
         """The newest finite value of a metric (None when it was never measured)."""
         col = self.store.column(name)
-        ok = np.flatnonzero(np.isfinite(col))
-        return float(col[ok[-1]]) if ok.size else None
+        end = col.size
+        size = 8
+        while end > 0:  # look back from the end in growing windows: O(1) when the last value is there
+            start = max(0, end - size)
+            ok = np.flatnonzero(np.isfinite(col[start:end]))
+            if ok.size:
+                return float(col[start + ok[-1]])
+            end, size = start, size * 8
+        return None
 
     def metric_names(self, prefix: str) -> list[str]:
         return sorted(n for n in self.store.names if n.startswith(prefix))

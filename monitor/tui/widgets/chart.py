@@ -241,6 +241,7 @@ class LineChart(Widget):
         self._buckets: dict[str, Buckets] = {}
         self._gen = -1
         self._cache = _Cache()
+        self._style_cache: dict[str, Style] | None = None
         self.rendered_n = -1  # store rows drawn in the last rebuild
         self.rendered_at = 0.0  # perf_counter() at the end of the last rebuild
 
@@ -256,6 +257,7 @@ class LineChart(Widget):
 
     def notify_style_update(self) -> None:
         self._cache = _Cache()  # theme change: component colours are part of what we drew
+        self._style_cache = None
         super().notify_style_update()
 
     # -- data ------------------------------------------------------------------------------
@@ -290,6 +292,12 @@ class LineChart(Widget):
 
     # -- drawing ---------------------------------------------------------------------------
     def _styles(self) -> dict[str, Style]:
+        if self._style_cache is not None:
+            return self._style_cache
+        self._style_cache = self._resolve_styles()
+        return self._style_cache
+
+    def _resolve_styles(self) -> dict[str, Style]:
         base = self.rich_style
         names = [*(f"s{i}" for i in range(N_SERIES_STYLES)), "title", "axis", "ref", "critical", "warning", "info"]
         out = {n: base + self.get_component_rich_style(f"linechart--{n}", partial=True) for n in names}
@@ -361,6 +369,7 @@ class LineChart(Widget):
         label_w = max(len(s) for s in labels) + 1
         plot_w = max(1, width - label_w - 1)
         cols, rows = plot_w * 2, plot_h * 4
+        exact = label_w + 1 + plot_w == width  # rows come out at the widget's width: no re-measuring
 
         codes = np.zeros((plot_h, plot_w), dtype=np.uint16)
         owner = np.full((plot_h, plot_w), -1, dtype=np.int16)
@@ -415,7 +424,7 @@ class LineChart(Widget):
                 sid = int(ids[start])
                 segs.append(Segment(row_chars[start:end], style_of[sid] if sid >= 0 else base))
                 start = end
-            lines.append(Strip(segs, width).adjust_cell_length(width, base))
+            lines.append(Strip(segs, width) if exact else Strip(segs).adjust_cell_length(width, base))
 
         # x axis: first and last step, with finding onsets marked.
         axis = ["─"] * plot_w
@@ -432,5 +441,6 @@ class LineChart(Widget):
         segs = [Segment(" " * label_w + "└", st["axis"])]
         for ch, sn in zip(axis, a_styles):
             segs.append(Segment(ch, st[sn]))
-        lines.append(Strip(Segment.simplify(segs), width).adjust_cell_length(width, base))
+        segs = list(Segment.simplify(segs))
+        lines.append(Strip(segs, width) if exact else Strip(segs).adjust_cell_length(width, base))
         return lines[:height]

@@ -25,6 +25,8 @@ class RunHeader(Static):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__("", markup=False, **kwargs)
+        self._last: Text | None = None
+        self._lines = -1
 
     def show(self, model: RunModel, status: str, status_role: str) -> None:
         app = self.app
@@ -70,4 +72,11 @@ class RunHeader(Static):
             first = False
         if first:
             t.append("no configuration recorded", role_style(app, "muted"))
-        self.update(t)
+        if t == self._last:
+            return
+        # A new step number must not cost a layout pass over the whole screen: only a change in
+        # the number of wrapped lines does.
+        width = self.content_region.width or self.app.size.width
+        lines = len(t.wrap(self.app.console, max(1, width)))
+        self.update(t, layout=lines != self._lines)
+        self._last, self._lines = t, lines

@@ -53,6 +53,7 @@ class FindingsSummary(Static):
 
     def __init__(self, **kwargs) -> None:
         super().__init__("", markup=False, **kwargs)
+        self._last: Text | None = None
 
     def show(self, model: RunModel) -> None:
         app = self.app
@@ -71,7 +72,9 @@ class FindingsSummary(Static):
                 t.append(f" (onset {short(onset)})", role_style(app, "muted"))
             t.append(f" {visible(f.get('detector'))}: ")
             t.append_text(one_line(f.get("message")))
-        self.update(t)
+        if t != self._last:
+            self._last = t
+            self.update(t, layout=False)  # a fixed grid cell: no layout pass needed
 
 
 class OverviewPanel(VerticalScroll):

@@ -1,0 +1,254 @@
+"""The reward-inspection gate: real completions of the tiny model, judged through the real screen,
+the saved verdict enforced by check_gate, and the non-interactive --auto report."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from fixtures.tiny import REWARD_FUNCS, correctness_reward, format_reward
+from monitor.reward_gate import (
+    GATE_FILE,
+    GateSession,
+    RewardGateError,
+    check_gate,
+    load_reward_func,
+    main_inspect,
+    require_gate,
+    reward_source_hash,
+    sample_from_model,
+    save_verdict,
+    score_samples,
+)
+
+N = 12  # samples judged in the screen tests; the --auto tests draw the recipe's 50-100
+
+
+@pytest.fixture(scope="module")
+def completions():
+    from fixtures.tiny import build_dataset, build_model, build_tokenizer
+
+    return sample_from_model(build_model(warm_start=150), build_tokenizer(), build_dataset(), num_samples=N,
+                             per_prompt=4, max_new_tokens=16, seed=0)
+
+
+def _session(completions, threshold=0.9):
+    scores, errors = score_samples(completions, REWARD_FUNCS)
+    return GateSession(list(completions), scores, errors, threshold=threshold, min_judged=N)
+
+
+def test_real_completions_are_scored_like_trl_does(completions):
+    assert len(completions) == N
+    assert all(isinstance(s["completion"], str) and s["prompt"].startswith("What is") for s in completions)
+    scores, errors = score_samples(completions, REWARD_FUNCS)
+    assert errors == {}
+    texts = [s["completion"] for s in completions]
+    assert scores["format_reward"] == format_reward(texts)
+    # the dataset's extra column reaches the reward function as a keyword argument
+    assert scores["correctness_reward"] == correctness_reward(texts, [s["columns"]["target"] for s in completions])
+    assert any(v == 1.0 for v in scores["format_reward"])  # the warm-started model answers in the format
+
+
+def _plain(app, selector):
+    from textual.widgets import Static
+
+    return app.query_one(selector, Static).visual.plain
+
+
+async def test_gate_screen_mark_note_save_and_check(completions, tmp_path):
+    from monitor.gate_app import RewardGateApp
+
+    session = _session(completions)
+    app = RewardGateApp(session, tmp_path, REWARD_FUNCS, {"model": "tiny"})
+    async with app.run_test() as pilot:
+        assert completions[0]["completion"] in _plain(app, "#completion")
+        assert "1. format_reward" in _plain(app, "#scores")
+        await pilot.press("d", "2")  # sample 0: the correctness score is wrong
+        await pilot.press("n", *"target", "space", *"misread", "enter")
+        assert session.judgements[0].note == "target misread"
+        assert "target misread" in _plain(app, "#note-view")
+        await pilot.press("right")
+        for _ in range(N - 1):
+            await pilot.press("a")  # agree moves on
+        await pilot.press("left", "left")
+        assert app.index == N - 3
+        await pilot.press("s")
+        await pilot.pause()
+        assert "saved" in _plain(app, "#status")
+        await pilot.press("q")
+    verdict = json.loads((tmp_path / GATE_FILE).read_text())
+    assert verdict["judged"] == N and verdict["agreed"] == N - 1
+    assert verdict["pass_rate"] == pytest.approx((N - 1) / N)
+    assert verdict["component_agreement"] == {"format_reward": 1.0, "correctness_reward": pytest.approx((N - 1) / N)}
+    [dis] = verdict["disagreements"]
+    assert dis["index"] == 0 and dis["wrong_components"] == ["correctness_reward"] and dis["note"] == "target misread"
+    assert dis["completion"] == completions[0]["completion"]
+    assert verdict["reward_funcs"] == ["format_reward", "correctness_reward"]
+    assert set(verdict["reward_sources"]) == {"format_reward", "correctness_reward"}
+    assert verdict["timestamp"] > 0 and verdict["threshold"] == 0.9 and verdict["passed"] is True
+    assert not list(tmp_path.glob(".*tmp*"))  # the atomic write left no temporary file
+    # 11/12 = 92% passes the default 90%, not a stricter 95%
+    assert check_gate(tmp_path, REWARD_FUNCS)[0] is True
+    ok, msg = check_gate(tmp_path, REWARD_FUNCS, min_agreement=0.95)
+    assert not ok and "below" in msg and "correctness_reward" in msg and "grpo-monitor inspect-rewards" in msg
+
+
+async def test_disagree_without_a_component_counts_every_component_wrong(completions, tmp_path):
+    from monitor.gate_app import RewardGateApp
+
+    session = _session(completions)
+    app = RewardGateApp(session, tmp_path, REWARD_FUNCS)
+    async with app.run_test() as pilot:
+        await pilot.press("d", "right", "d", "1", "1")  # toggling twice leaves "disagree, unspecified"
+        await pilot.press("n", "x", "escape")  # Escape drops the note
+        await pilot.press("s", "q")
+    verdict = json.loads((tmp_path / GATE_FILE).read_text())
+    assert verdict["judged"] == 2 and verdict["required"] == N and verdict["passed"] is False
+    assert verdict["component_agreement"] == {"format_reward": 0.0, "correctness_reward": 0.0}
+    assert all(d["note"] == "" for d in verdict["disagreements"])
+    ok, msg = check_gate(tmp_path, REWARD_FUNCS, min_agreement=0.0)
+    assert not ok and f"only 2 of the required {N}" in msg
+
+
+async def test_screen_shows_model_text_literally(tmp_path):
+    from monitor.gate_app import RewardGateApp
+
+    evil = "[bold red]x[/] [link=http://e]y[/link] \x1b[31mred\x1b[0m"
+    samples = [{"prompt": "[b]p[/b]", "completion": evil, "columns": {"target": "1"}}]
+    scores, errors = score_samples(samples, REWARD_FUNCS)
+    app = RewardGateApp(GateSession(samples, scores, errors, min_judged=1), tmp_path, REWARD_FUNCS)
+    async with app.run_test():
+        shown = _plain(app, "#completion")
+        assert "[bold red]x[/] [link=http://e]y[/link]" in shown
+        assert "\x1b" not in shown and "␛[31m" in shown
+        assert _plain(app, "#prompt") == "[b]p[/b]"
+
+
+def _write_rewards(path, name, target_pattern):
+    path.write_text(
+        "import re\n"
+        f"_ANSWER = re.compile(r'{target_pattern}')\n\n"
+        "def format_reward(completions, **kwargs):\n"
+        "    return [1.0 if _ANSWER.search(c) else 0.0 for c in completions]\n\n"
+        "def correctness_reward(completions, target, **kwargs):\n"
+        "    return [1.0 if t in c else 0.0 for c, t in zip(completions, target)]\n"
+    )
+    sys.path.insert(0, str(path.parent))
+    return [load_reward_func(f"{name}:format_reward"), load_reward_func(f"{name}:correctness_reward")]
+
+
+async def test_check_gate_pass_changed_and_missing(completions, tmp_path):
+    from monitor.gate_app import RewardGateApp
+
+    funcs = _write_rewards(tmp_path / "gate_rewards_v1.py", "gate_rewards_v1", r"<answer>\s*(\S+)\s*</answer>")
+    run_dir = tmp_path / "run"
+    ok, msg = check_gate(run_dir, funcs)
+    assert not ok and "no inspection verdict" in msg
+    assert ("grpo-monitor inspect-rewards --run-dir " + str(run_dir)) in msg
+    assert "--reward-funcs gate_rewards_v1:format_reward gate_rewards_v1:correctness_reward" in msg
+    scores, errors = score_samples(completions, funcs)
+    app = RewardGateApp(GateSession(list(completions), scores, errors, min_judged=N), run_dir, funcs)
+    async with app.run_test() as pilot:
+        await pilot.press(*["a"] * N, "s", "q")
+    assert app.return_value["passed"] is True
+    ok, msg = check_gate(run_dir, funcs)
+    assert ok and "100% agreement on 12 judged samples" in msg
+    # the same function names, but the module-level pattern the format reward reads has changed
+    changed = _write_rewards(tmp_path / "gate_rewards_v2.py", "gate_rewards_v2", r"<answer>(\S+)</answer>")
+    ok, msg = check_gate(run_dir, [changed[0], funcs[1]])
+    assert not ok and "format_reward changed since inspection" in msg
+    ok, msg = check_gate(run_dir, funcs[:1])
+    assert not ok and "reward functions changed" in msg
+    # a human verdict is required: a verdict not made in the screen does not count
+    doc = json.loads((run_dir / GATE_FILE).read_text())
+    (run_dir / GATE_FILE).write_text(json.dumps(dict(doc, mode="auto")))
+    assert check_gate(run_dir, funcs)[0] is False
+    (run_dir / GATE_FILE).write_text("{torn")
+    ok, msg = check_gate(run_dir, funcs)
+    assert not ok and "unreadable" in msg
+
+
+def test_source_hash_follows_what_the_function_reads():
+    h = reward_source_hash(format_reward)
+    assert h == reward_source_hash(format_reward) and h != reward_source_hash(correctness_reward)
+    import functools
+
+    assert reward_source_hash(functools.partial(correctness_reward, target=["1"])) != reward_source_hash(correctness_reward)
+
+
+def test_attach_wrapping_keeps_the_gate_and_the_trainer_check(tmp_path):
+    from callbacks import attach
+    from monitor.demo import build_trainer, demo_config
+    from monitor.reward_gate import check_trainer_gate, reward_fingerprints
+
+    trainer = build_trainer(demo_config(tmp_path / "trainer", 1))
+    before = reward_fingerprints(trainer.reward_funcs)
+    ok, msg = check_trainer_gate(trainer, tmp_path / "run")
+    assert not ok and "--model " + trainer.model.config._name_or_path in msg
+    assert "--reward-funcs fixtures.tiny:format_reward fixtures.tiny:correctness_reward" in msg
+    attach(trainer, tmp_path / "run")  # wraps the reward functions with the reward tap
+    assert reward_fingerprints(trainer.reward_funcs) == before
+    with pytest.raises(RewardGateError, match="grpo-monitor inspect-rewards"):
+        require_gate(trainer, tmp_path / "run")
+    session = GateSession([{"prompt": "p", "completion": "c"}], {n: [1.0] for n in before}, min_judged=1)
+    session.agree(0)
+    save_verdict(tmp_path / "run", session.verdict(trainer.reward_funcs))
+    assert "reward gate passed" in require_gate(trainer, tmp_path / "run")
+
+
+# -- --auto -------------------------------------------------------------------------------------------
+
+
+def test_auto_prints_the_table_and_summary_and_never_passes(tmp_path, capsys):
+    code = main_inspect(["--demo", "--auto", "--num-samples", "64", "--run-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = [line for line in out.splitlines() if line[:3].strip().isdigit()]
+    assert len(rows) == 64 and all("What is" in r for r in rows)
+    assert "format_reward" in out.splitlines()[0] and "correctness_reward" in out.splitlines()[0]
+    assert "summary over 64 samples:" in out
+    for name in ("format_reward", "correctness_reward"):
+        line = next(x for x in out.splitlines() if x.strip().startswith(name + ":"))
+        assert "mean" in line and "non-zero" in line and "NaN 0" in line and "histogram" in line
+    assert "never passes the reward gate" in out
+    assert not (tmp_path / GATE_FILE).exists()
+
+
+def test_auto_json_and_literal_text_from_a_samples_file(tmp_path, capsys):
+    src = tmp_path / "samples.jsonl"
+    rows = [{"prompt": "What is 1 + 1 ? Answer :", "completion": "<answer> 2 </answer>", "target": "2"},
+            {"prompt": "What is 1 + 2 ? Answer :", "completion": "\x1b[2J[red]3[/red]", "target": "3"}]
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    funcs = ["--reward-funcs", "fixtures.tiny:format_reward", "fixtures.tiny.correctness_reward"]
+    assert main_inspect(["--samples", str(src), "--auto", *funcs]) == 0
+    cap = capsys.readouterr()
+    assert "\x1b" not in cap.out and "␛[2J[red]3[/red]" in cap.out
+    assert "2 samples" in cap.err  # below the recipe's 50-100: said on stderr
+    assert main_inspect(["--samples", str(src), "--auto", "--json", *funcs]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["gate_passed"] is False
+    assert [s["scores"]["correctness_reward"] for s in doc["samples"]] == [1.0, 0.0]
+    assert doc["summary"]["format_reward"]["mean"] == 0.5
+
+
+def test_auto_reports_a_reward_function_that_raises(tmp_path, capsys):
+    (tmp_path / "raising_rewards.py").write_text("def broken_reward(completions, **kw):\n    raise KeyError('answer')\n")
+    sys.path.insert(0, str(tmp_path))
+    code = main_inspect(["--demo", "--auto", "--num-samples", "50",
+                         "--reward-funcs", "fixtures.tiny:format_reward", "raising_rewards:broken_reward"])
+    out = capsys.readouterr().out
+    assert code == 1 and "broken_reward raised KeyError" in out and "NaN 50" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--demo", "--auto", "--reward-funcs", "no_such_module_xyz:f"], "no_such_module_xyz"),
+    (["--samples", "/nonexistent/s.jsonl", "--auto", "--reward-funcs", "fixtures.tiny:format_reward"], "/nonexistent/s.jsonl"),
+    (["--demo", "--reward-funcs", "fixtures.tiny:format_reward"], "--run-dir"),
+    (["--auto", "--reward-funcs", "fixtures.tiny:format_reward"], "source of completions"),
+])
+def test_unusable_input_exits_2(argv, needle, capsys):
+    assert main_inspect(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
