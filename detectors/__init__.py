@@ -25,6 +25,7 @@ ALL_DETECTORS: list[type[Detector]] = [
 __all__ = [
     "ALL_DETECTORS",
     "DETECTOR_IDS",
+    "VARIANT_PRESETS",
     "DegenerateLongCot",
     "Detector",
     "EntropyCollapse",
@@ -36,5 +37,4 @@ __all__ = [
     "NonFinite",
     "RewardComponentDivergence",
     "RunContext",
-    "VARIANT_PRESETS",
 ]

@@ -8,17 +8,24 @@ run's own baseline: a run that sits at the cap from step 1 (a random-init model)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import StepClock, CorrectnessSource, EntropyTrack, LevelTrack, get, sample_length
-from detectors.stats import Window, median, rounded
+from detectors.signals import (
+    CorrectnessSource,
+    EntropyTrack,
+    LevelTrack,
+    get,
+    sample_length,
+)
+from detectors.stats import fin, median
 from detectors.variants import EXTRA_ADVICE
 
 
-def repeated_ngram_share(text: str, n: int = 4, max_words: int = 2000) -> float | None:
+def repeated_ngram_share(text: str, n: int = 4, max_words: int = 200) -> float | None:
     """Share of word n-grams that repeat an earlier n-gram of the same text (0 = none repeated).
 
     >>> repeated_ngram_share("a b c d a b c d a b c d")
@@ -26,21 +33,24 @@ def repeated_ngram_share(text: str, n: int = 4, max_words: int = 2000) -> float 
     >>> repeated_ngram_share("one two three four five six")
     0.0
     """
-    words = text.split()[-max_words:]
+    # The tail is where degenerate text loops; reading only it bounds the cost per completion.
+    words = text[-12 * max_words:].split()[-max_words:]
     if len(words) < n + 1:
         return None
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    grams = list(zip(*(words[i:] for i in range(n))))
     return round(1.0 - len(set(grams)) / len(grams), 3)
 
 
-def long_completion_repetition(samples: Sequence[Sample], max_samples: int = 256) -> float | None:
-    """Mean repeated-n-gram share over the longer half (or the truncated) completions of a batch."""
-    rows = [s for s in list(samples)[:max_samples] if isinstance(s, Mapping) and isinstance(s.get("completion"), str)]
+def long_completion_repetition(samples: Sequence[Sample], max_samples: int = 256, max_long: int = 8) -> float | None:
+    """Mean repeated-n-gram share over the longer half (or the truncated) completions of a batch
+    (at most ``max_long`` of them, the longest first)."""
+    rows = [s for s in list(samples)[:max_samples] if (type(s) is dict or isinstance(s, Mapping)) and isinstance(s.get("completion"), str)]
     if len(rows) < 2:
         return None
     lengths = [sample_length(s) or 0.0 for s in rows]
     cut = median(lengths)
     long_rows = [s for s, L in zip(rows, lengths) if L >= cut or s.get("truncated") is True]
+    long_rows = sorted(long_rows, key=lambda s: -(sample_length(s) or 0.0))[:max_long]
     shares = [repeated_ngram_share(s["completion"]) for s in long_rows]
     shares = [x for x in shares if x is not None]
     return sum(shares) / len(shares) if shares else None
@@ -96,8 +106,8 @@ class DegenerateLongCot(EpisodeDetector):
         self.correctness = CorrectnessSource(self.context)
         self._saw_entropy = False
         cap = (self.context.config or {}).get("max_completion_length")
-        self.cap = float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
-        self.flags = Window(16)
+        ok = isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 < cap < math.inf
+        self.cap = float(cap) if ok else None
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         h = self.entropy.push_metrics(step, metrics)
@@ -120,6 +130,11 @@ class DegenerateLongCot(EpisodeDetector):
             return Assessment(warming_up=True)
         if not (self.length.ready or self.clipped.ready):
             return Assessment(warming_up=True)
+        if not self.in_episode and h is not None and self.entropy.ready:
+            base = self.entropy.base or 0.0
+            if h < (1.0 + 0.5 * (self.entropy_ratio - 1.0)) * base:
+                # This point is far below the rise a median of recent points would need.
+                return Assessment(level=0, evidence={"entropy": {"latest": h, "baseline": base, "threshold_ratio": self.entropy_ratio}})
         return self._judge(step)
 
     def _judge(self, step: int) -> Assessment:
@@ -130,16 +145,19 @@ class DegenerateLongCot(EpisodeDetector):
         entropy_up = False
         if self.entropy.ready:
             ratio = self.entropy.ratio(k) or 0.0
-            ev["entropy"] = {"recent": rounded(self.entropy.recent(k)), "baseline": rounded(self.entropy.base),
-                             "ratio": rounded(ratio, 3), "threshold_ratio": self.entropy_ratio}
+            ev["entropy"] = {"recent": fin(self.entropy.recent(k)), "baseline": fin(self.entropy.base),
+                             "ratio": fin(ratio), "threshold_ratio": self.entropy_ratio}
             entropy_up = ratio >= 1.0 + (self.entropy_ratio - 1.0) * relax
             if entropy_up:
                 signals.append("entropy_up")
+            elif not self.in_episode:
+                # Nothing can fire without the entropy rise: skip the rest on healthy steps.
+                return Assessment(level=0, evidence=ev)
         length_up = False
         if self.length.ready:
             Lr = self.length.recent(k) or 0.0
             Lb = self.length.base or 0.0
-            ev["mean_length"] = {"recent": rounded(Lr), "baseline": rounded(Lb), "max_completion_length": self.cap}
+            ev["mean_length"] = {"recent": fin(Lr), "baseline": fin(Lb), "max_completion_length": self.cap}
             if self.cap:
                 # Closed at least ``cap_fraction`` of the distance from the baseline to the cap.
                 length_up = Lr >= Lb + self.cap_fraction * max(self.cap - Lb, 1.0) * relax
@@ -152,7 +170,7 @@ class DegenerateLongCot(EpisodeDetector):
             cr = self.clipped.recent(k) or 0.0
             cb = self.clipped.base or 0.0
             need = cb + min(self.clip_rise, 0.5 * (1 - cb)) * relax
-            ev["clipped_ratio"] = {"recent": rounded(cr), "baseline": rounded(cb), "threshold": rounded(min(need, 1.0))}
+            ev["clipped_ratio"] = {"recent": fin(cr), "baseline": fin(cb), "threshold": fin(min(need, 1.0))}
             clip_up = cr >= min(need, 0.999)
             if clip_up:
                 signals.append("truncation_up")
@@ -163,13 +181,13 @@ class DegenerateLongCot(EpisodeDetector):
             spread = max(self.correct.baseline.spread or 0.0, 1e-6)
             if rr is not None and rb is not None:
                 drop = rb - rr
-                ev["correctness"] = {"metric": self.correctness.key, "recent": rounded(rr), "baseline": rounded(rb)}
+                ev["correctness"] = {"metric": self.correctness.key, "recent": fin(rr), "baseline": fin(rb)}
                 reward_down = drop > max(self.reward_drop * abs(rb), 2 * spread) * relax
                 if reward_down:
                     signals.append("reward_down")
         if self.repetition.ready:
             pr, pb = self.repetition.recent(k), self.repetition.base
-            ev["repeated_ngram_share"] = {"recent": rounded(pr), "baseline": rounded(pb)}
+            ev["repeated_ngram_share"] = {"recent": fin(pr), "baseline": fin(pb)}
             if pr is not None and pb is not None and pr >= pb + 0.2:
                 signals.append("repetition")
         growth = length_up or clip_up

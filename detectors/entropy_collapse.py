@@ -15,8 +15,8 @@ from typing import Any
 
 from detectors.base import Metrics, Sample
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import StepClock, CorrectnessSource, EntropyTrack, get, groups_of
-from detectors.stats import Window, mann_kendall, median, rounded
+from detectors.signals import CorrectnessSource, EntropyTrack, get, groups_of
+from detectors.stats import Window, fin, mann_kendall, median
 
 
 def duplicate_share(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
@@ -24,7 +24,7 @@ def duplicate_share(samples: Sequence[Sample], max_samples: int = 1024) -> float
     groups = groups_of(samples, max_samples)
     shares = []
     for rows in groups.values():
-        texts = [" ".join(str(r.get("completion", "")).split()) for r in rows if r.get("completion") is not None]
+        texts = [str(r.get("completion")).strip() for r in rows if r.get("completion") is not None]
         if len(texts) < 2:
             continue
         shares.append(1.0 - len(set(texts)) / len(texts))
@@ -38,9 +38,12 @@ class _Corroborator:
         self.recent = Window(2 * half)
         self.base: float | None = None
         self.half = half
+        self.first: list[float] = []
 
     def push(self, step: int, v: float, freeze_from: int | None) -> None:
         self.recent.push(step, v)
+        if len(self.first) < 3:
+            self.first.append(v)
         if self.base is None and freeze_from is not None and len(self.recent) >= self.half:
             self.base = median(list(self.recent.values))
 
@@ -48,6 +51,10 @@ class _Corroborator:
         vals = [v for s, v in zip(self.recent.steps, self.recent.values) if s >= first_step]
         if vals and self.base is None:
             self.base = median(vals)
+
+    def freeze_early(self) -> None:
+        if self.first and self.base is None:
+            self.base = median(self.first)
 
     def level(self, k: int) -> float | None:
         return self.recent.recent_median(k) if len(self.recent) else None
@@ -60,7 +67,9 @@ class EntropyCollapse(EpisodeDetector):
     below), ``trend_ratio`` with ``alpha`` (a significant downward trend below this share also
     counts when diversity is lost), ``settle_half``/``settle_tol``/``max_settle_points``/``settle_span``
     (how the post-transient baseline is found: two half-windows of at least ``settle_half`` points
-    spanning ``settle_span`` steps whose medians agree within ``settle_tol`` in log space), ``window`` (trend window, points).
+    spanning ``settle_span`` steps whose medians agree within ``settle_tol`` in log space),
+    ``early_ratio`` (entropy that falls to this share of its first points before settling at all
+    is measured against those first points: a collapse from the start), ``window`` (trend window, points).
 
     >>> det = EntropyCollapse()
     >>> found = []
@@ -89,6 +98,7 @@ class EntropyCollapse(EpisodeDetector):
         max_settle_points: int = 60,
         settle_span: int = 20,
         window: int = 48,
+        early_ratio: float = 0.1,
     ) -> None:
         self.drop_ratio = check_float("drop_ratio", drop_ratio, 0.0, 1.0, low_open=True, high_open=True)
         self.trend_ratio = check_float("trend_ratio", trend_ratio, 0.0, 1.0, low_open=True, high_open=True)
@@ -100,6 +110,7 @@ class EntropyCollapse(EpisodeDetector):
         self.max_settle_points = check_int("max_settle_points", max_settle_points, 2 * settle_half)
         self.settle_span = check_int("settle_span", settle_span, 0)
         self.window = check_int("window", window, 8)
+        self.early_ratio = check_float("early_ratio", early_ratio, 0.0, 1.0, low_open=True, high_open=True)
         super().__init__()
 
     def _reset_state(self) -> None:
@@ -111,6 +122,7 @@ class EntropyCollapse(EpisodeDetector):
         self.dup = _Corroborator(h)
         self.correct = Window(self.window)
         self.correct_base: float | None = None
+        self.correct_first: list[float] = []
         self.correctness = CorrectnessSource(self.context)
         # (entropy, correctness) pairs for the R = -a exp(H) + b fit; thinned by halving when full.
         self.pairs: list[tuple[float, float]] = []
@@ -129,13 +141,27 @@ class EntropyCollapse(EpisodeDetector):
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         freeze_from = self.entropy.base_step
         h = self.entropy.push_metrics(step, metrics)
+        early = False
+        if h is not None and freeze_from is None and self.entropy.base_step is None:
+            er = self.entropy.early_ratio(self.clock.points())
+            if er is not None and er <= self.early_ratio and h <= self.early_ratio * (self.entropy.early or 0.0):
+                # Entropy fell by an order of magnitude before it ever settled: a collapse from the
+                # start. The first points are the only healthy reference there is.
+                self.entropy.force_early(step)
+                early = True
         if self.entropy.base_step is not None and freeze_from is None:
-            first = self.entropy.baseline.steps[0] if self.entropy.baseline.steps else step
-            for c in (self.zero_std, self.reward_std, self.dup):
-                c.freeze(first)
-            vals = [v for s, v in zip(self.correct.steps, self.correct.values) if s >= first]
-            if vals:
-                self.correct_base = median(vals)
+            if early:
+                for c in (self.zero_std, self.reward_std, self.dup):
+                    c.freeze_early()
+                if self.correct_first:
+                    self.correct_base = median(self.correct_first)
+            else:
+                first = self.entropy.baseline.steps[0] if self.entropy.baseline.steps else step
+                for c in (self.zero_std, self.reward_std, self.dup):
+                    c.freeze(first)
+                vals = [v for s, v in zip(self.correct.steps, self.correct.values) if s >= first]
+                if vals:
+                    self.correct_base = median(vals)
         frozen = self.entropy.base_step
         fz = get(metrics, "frac_reward_zero_std")
         if fz is not None:
@@ -149,6 +175,8 @@ class EntropyCollapse(EpisodeDetector):
         r = self.correctness.value(metrics)
         if r is not None:
             self.correct.push(step, r)
+            if len(self.correct_first) < 3:
+                self.correct_first.append(r)
             if self.correct_base is None and frozen is not None and len(self.correct) >= self.settle_half:
                 self.correct_base = median(self.correct.last(2 * self.settle_half))
             if h is not None:
@@ -156,22 +184,27 @@ class EntropyCollapse(EpisodeDetector):
         if h is None:
             return None
         if not self.entropy.ready:
-            return Assessment(warming_up=True, evidence={"entropy": rounded(h), "points": self.entropy.baseline.n})
+            return Assessment(warming_up=True, evidence={"entropy": fin(h), "points": self.entropy.baseline.n})
         return self._judge(step, h)
 
     def _judge(self, step: int, h: float) -> Assessment:
-        k = self.clock.points()
         base = self.entropy.base or 0.0
+        if not self.in_episode and h > 1.5 * self.trend_ratio * base:
+            # Far from any threshold (a median of recent points cannot be below it while this point
+            # is this high on a healthy run): a cheap healthy verdict.
+            return Assessment(level=0, evidence={"entropy": h, "baseline": base, "ratio_to_baseline": h / base if base else None,
+                                                 "threshold_ratio": self.drop_ratio})
+        k = self.clock.points()
         ratio = self.entropy.ratio(k) or 1.0
         last = h / base if base > 0 else 1.0
         threshold = self.drop_ratio * (1.4 if self.in_episode else 1.0)
         strong_drop = ratio <= threshold and last <= threshold * 1.5
         ev: dict[str, Any] = {
-            "entropy": rounded(h),
-            "entropy_recent_median": rounded(self.entropy.recent(k)),
-            "baseline": rounded(base),
+            "entropy": fin(h),
+            "entropy_recent_median": fin(self.entropy.recent(k)),
+            "baseline": fin(base),
             "baseline_step": self.entropy.base_step,
-            "ratio_to_baseline": rounded(ratio, 3),
+            "ratio_to_baseline": fin(ratio),
             "threshold_ratio": self.drop_ratio,
             "persist_points": k,
         }
@@ -183,7 +216,8 @@ class EntropyCollapse(EpisodeDetector):
                 mk = mann_kendall(vals[-self.window:])
                 ev["trend"] = mk.as_evidence()
                 falling = mk.p_down < self.alpha
-        corroborators = self._corroborators(k, ev)
+        # Corroborators only matter once entropy is low; skipping them otherwise keeps healthy steps cheap.
+        corroborators = self._corroborators(k, ev) if ratio <= self.trend_ratio else []
         diversity = [c for c in corroborators if c != "correctness_stalled"]
         stalled = "correctness_stalled" in corroborators
         level = 0
@@ -208,25 +242,25 @@ class EntropyCollapse(EpisodeDetector):
         zb, zr = self.zero_std.base, self.zero_std.level(k)
         if zb is not None and zr is not None:
             need = zb + max(0.2, 0.5 * (1.0 - zb))
-            ev["frac_reward_zero_std"] = {"recent": rounded(zr), "baseline": rounded(zb), "threshold": rounded(need)}
+            ev["frac_reward_zero_std"] = {"recent": fin(zr), "baseline": fin(zb), "threshold": fin(need)}
             if zr >= need:
                 out.append("frac_reward_zero_std_up")
         sb, sr = self.reward_std.base, self.reward_std.level(k)
         if sb is not None and sr is not None and sb > 0:
-            ev["reward_std"] = {"recent": rounded(sr), "baseline": rounded(sb), "threshold": rounded(0.5 * sb)}
+            ev["reward_std"] = {"recent": fin(sr), "baseline": fin(sb), "threshold": fin(0.5 * sb)}
             if sr <= 0.5 * sb:
                 out.append("reward_std_down")
         db, dr = self.dup.base, self.dup.level(k)
         if db is not None and dr is not None:
-            ev["identical_completions_share"] = {"recent": rounded(dr), "baseline": rounded(db)}
+            ev["identical_completions_share"] = {"recent": fin(dr), "baseline": fin(db)}
             if dr >= db + 0.3:
                 out.append("identical_completions")
         if self.correct_base is not None and len(self.correct) >= 6:
             vals = self.correct.last(min(len(self.correct), 24))
             mk = mann_kendall(vals)
             recent = median(vals[-k:])
-            ev["correctness"] = {"metric": self.correctness.key, "recent": rounded(recent), "baseline": rounded(self.correct_base),
-                                 "p_up": rounded(mk.p_up, 3)}
+            ev["correctness"] = {"metric": self.correctness.key, "recent": fin(recent), "baseline": fin(self.correct_base),
+                                 "p_up": fin(mk.p_up)}
             if mk.p_up > 0.1:
                 out.append("correctness_stalled")
         return out
@@ -248,9 +282,10 @@ class EntropyCollapse(EpisodeDetector):
         rs = [p[1] for p in self.pairs]
         if max(hs) - min(hs) < 0.05 or max(rs) - min(rs) <= 0:
             return None
+        import numpy as np
+        from scipy.optimize import curve_fit
+
         try:
-            import numpy as np
-            from scipy.optimize import curve_fit
 
             H = np.asarray(hs)
             R = np.asarray(rs)
@@ -261,22 +296,30 @@ class EntropyCollapse(EpisodeDetector):
             ceiling = float(b) - a_eff
             if not (math.isfinite(a_eff) and math.isfinite(ceiling)) or a_eff <= 0:
                 return None
-            return {"a": rounded(a_eff), "b": rounded(float(b)), "predicted_ceiling": rounded(ceiling),
+            return {"a": fin(a_eff), "b": fin(float(b)), "predicted_ceiling": fin(ceiling),
                     "pairs": len(self.pairs), "model": "R = -a*exp(H) + b"}
-        except Exception:
+        except (RuntimeError, ValueError, TypeError, ArithmeticError, np.linalg.LinAlgError):  # the fit is optional evidence
             return None
 
     def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
         ratio = evidence.get("ratio_to_baseline") or 0.0
-        why = ", ".join(str(c).replace("_", " ") for c in evidence.get("corroborated_by", [])) or "a steady fall"
-        fit = evidence.get("entropy_performance_fit")
-        ceiling = f" The entropy-performance fit predicts a ceiling of {fit['predicted_ceiling']} for correctness." if fit else ""
+        why = ", ".join(_PHRASES.get(str(c), str(c)) for c in evidence.get("corroborated_by", [])) or "a steady fall"
         lead = "Entropy has collapsed" if severity == "critical" else "Entropy is collapsing"
         cfg = self.context.config or {}
-        off_policy_note = ""
-        if cfg and (cfg.get("num_iterations", 1) or 1) <= 1 and (cfg.get("steps_per_generation") in (None, cfg.get("gradient_accumulation_steps"))):
-            off_policy_note = " Clip-higher only acts off-policy: also raise steps_per_generation above gradient_accumulation_steps."
+        spg = cfg.get("steps_per_generation")
+        on_policy = bool(cfg) and (cfg.get("num_iterations") or 1) <= 1 and spg in (None, cfg.get("gradient_accumulation_steps"))
+        note = "; clip-higher only acts off-policy, so also set steps_per_generation above gradient_accumulation_steps" if on_policy else ""
+        fit = evidence.get("entropy_performance_fit")
+        ceiling = f"; the fit R = -a*exp(H) + b puts the correctness ceiling, once entropy is spent, at {fit['predicted_ceiling']}" if fit else ""
         return (
-            f"{lead}: it is at {ratio:.0%} of the run's settled baseline ({evidence.get('baseline')} nats), with {why}."
-            f" Switch to DAPO (decoupled clip bounds, no KL) to keep exploring.{ceiling}{off_policy_note}"
+            f"{lead}: it is at {ratio:.0%} of the run's settled baseline ({evidence.get('baseline')} nats), with {why}{ceiling}."
+            f" Switch to DAPO (clip-higher epsilon_high=0.28, no KL) to keep exploring{note}."
         )
+
+
+_PHRASES = {
+    "frac_reward_zero_std_up": "more groups scoring every completion alike",
+    "reward_std_down": "a shrinking reward spread",
+    "identical_completions": "near-identical completions within groups",
+    "correctness_stalled": "stalled correctness",
+}

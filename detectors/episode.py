@@ -8,25 +8,30 @@ healthy assessments in a row (hysteresis), and a new episode may then raise agai
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectors.base import Detector, Finding, Metrics, Sample
 from detectors.signals import StepClock
+from detectors.stats import tidy
 from detectors.variants import preset
 
 STATES = ("warming_up", "ok", "warning", "critical")
 
 
-@dataclasses.dataclass
 class Assessment:
-    """What a detector concluded at one step."""
+    """What a detector concluded at one step: ``level`` 0 (healthy), 1 (first evidence) or 2
+    (corroborated and persistent), its evidence, the estimated onset, or that it is warming up."""
 
-    level: int = 0
-    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
-    onset_step: int | None = None
-    warming_up: bool = False
+    __slots__ = ("evidence", "level", "onset_step", "warming_up")
+
+    def __init__(self, level: int = 0, evidence: dict[str, Any] | None = None, onset_step: int | None = None,
+                 warming_up: bool = False) -> None:
+        self.level = level
+        self.evidence = {} if evidence is None else evidence
+        self.onset_step = onset_step
+        self.warming_up = warming_up
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
@@ -37,11 +42,11 @@ def check_int(name: str, value: Any, minimum: int) -> int:
 
 def check_float(name: str, value: Any, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise ValueError(f"{name} must be a number, got {value!r}")  # noqa: TRY004  (the contract: ValueError)
     v = float(value)
     bad_low = v <= low if low_open else v < low
     bad_high = v >= high if high_open else v > high
-    if v != v or bad_low or bad_high:
+    if math.isnan(v) or bad_low or bad_high:
         lb = "(" if low_open else "["
         hb = ")" if high_open else "]"
         raise ValueError(f"{name} must be in {lb}{low}, {high}{hb}, got {value!r}")
@@ -55,9 +60,19 @@ class EpisodeDetector(Detector):
     # An episode also needs this many training steps of health to end (fine logs clear slower).
     clear_steps: int = 10
 
+    @property
+    def last_evidence(self) -> dict[str, Any]:
+        """The latest assessment's evidence, JSON-safe (tidied on read: dashboards read it far
+        less often than detectors write it)."""
+        return tidy(self._evidence)  # type: ignore[return-value]
+
+    @last_evidence.setter
+    def last_evidence(self, value: dict[str, Any]) -> None:
+        self._evidence = value
+
     def _reset(self) -> None:
         self.state = "warming_up"
-        self.last_evidence: dict[str, Any] = {}
+        self._evidence: dict[str, Any] = {}
         self.in_episode = False
         self.episode_start: int | None = None
         self.episode_len = 0
@@ -88,13 +103,19 @@ class EpisodeDetector(Detector):
         return preset(self.variant, self.context.config)
 
     def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
-        if not isinstance(metrics, Mapping):
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):
             metrics = {}
         self.clock.tick(step)
         a = self._assess(step, metrics, samples)
         if a is None:
             return []
-        self.last_evidence = a.evidence
+        self._evidence = a.evidence
+        if a.level == 0 and not self.in_episode:
+            # The common, healthy path.
+            self.state = "warming_up" if a.warming_up else "ok"
+            self._pending = 0
+            self._pending_onset = None
+            return []
         if a.warming_up and not self.in_episode:
             self.state = "warming_up"
             return []
@@ -124,6 +145,7 @@ class EpisodeDetector(Detector):
             if a.level > self._emitted:
                 severity = "critical" if a.level >= 2 else "warning"
                 self._emitted = a.level
+                evidence: dict[str, Any] = tidy(a.evidence)  # type: ignore[assignment]
                 findings.append(
                     Finding(
                         detector=self.id,
@@ -132,8 +154,8 @@ class EpisodeDetector(Detector):
                         onset_step=self.episode_start,
                         variant=self.variant,
                         config_overrides=self._overrides(),
-                        evidence=dict(a.evidence),
-                        message=self._message(severity, a.evidence),
+                        evidence=evidence,
+                        message=self._message(severity, evidence),
                     )
                 )
             self.state = "critical" if self._emitted >= 2 else "warning"

@@ -15,8 +15,24 @@ from typing import Any
 
 from detectors.base import Metrics, Sample
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import StepClock, CorrectnessSource, EntropyTrack, LevelTrack, get, groups_of, sample_length, sample_reward
-from detectors.stats import Window, mann_kendall, median, ols_slope_se, pearson, rounded, theil_sen
+from detectors.signals import (
+    CorrectnessSource,
+    EntropyTrack,
+    LevelTrack,
+    get,
+    groups_of,
+    sample_length,
+    sample_reward,
+)
+from detectors.stats import (
+    Window,
+    fin,
+    mann_kendall,
+    median,
+    ols_slope_se,
+    pearson,
+    theil_sen,
+)
 
 
 def within_group_length_reward_corr(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
@@ -99,7 +115,7 @@ class LengthRewardCoupling(EpisodeDetector):
             self.corr.push(step, c)
         good, bad = [], []
         for s in list(samples)[:1024]:
-            if not isinstance(s, Mapping):
+            if type(s) is not dict and not isinstance(s, Mapping):
                 continue
             L = sample_length(s)
             ok = self.correctness.sample_value(s)
@@ -132,6 +148,10 @@ class LengthRewardCoupling(EpisodeDetector):
         self.length.push(step, L)
         if not self.length.ready or len(self.correct) < self.min_points:
             return Assessment(warming_up=True, evidence={"points": len(self.length.window)})
+        base = self.length.base or 0.0
+        if not self.in_episode and L < 0.8 * self.level_ratio * base:
+            # This point is far below the level a median of recent points would need.
+            return Assessment(level=0, evidence={"mean_length": {"latest": L, "baseline": base, "threshold_ratio": self.level_ratio}})
         return self._judge(step)
 
     def _window(self, w: Window, start: int) -> tuple[list[int], list[float]]:
@@ -148,7 +168,7 @@ class LengthRewardCoupling(EpisodeDetector):
         recent = self.length.recent(k) or 0.0
         ratio = recent / base if base > 0 else 0.0
         ev: dict[str, Any] = {
-            "mean_length": {"recent": rounded(recent), "baseline": rounded(base), "ratio": rounded(ratio, 3),
+            "mean_length": {"recent": fin(recent), "baseline": fin(base), "ratio": fin(ratio),
                             "threshold_ratio": self.level_ratio},
         }
         need = self.level_ratio * (0.9 if self.in_episode else 1.0)
@@ -167,7 +187,7 @@ class LengthRewardCoupling(EpisodeDetector):
         mk_len = mann_kendall([math.log(v) for v in lv], ls)
         span = max(ls[-1] - ls[0], 1)
         growth = theil_sen(ls, lv) * span / max(median(lv), 1e-9)
-        ev["length_trend"] = dict(mk_len.as_evidence(), relative_growth=rounded(growth, 3))
+        ev["length_trend"] = dict(mk_len.as_evidence(), relative_growth=fin(growth))
         length_rising = mk_len.p_up < self.alpha and growth >= self.min_growth
         mk_c = mann_kendall(cv, cs)
         # Least squares, not Theil-Sen: a binary-reward mean is quantised and its pairwise slopes
@@ -178,11 +198,11 @@ class LengthRewardCoupling(EpisodeDetector):
         c_rel = c_gain / c_level
         c_rel_upper = (c_gain + (c_se * span if math.isfinite(c_se) else abs(c_gain))) / c_level
         elasticity = c_rel_upper / growth if growth > 0 else 0.0
-        ev["correctness"] = {"metric": self.correctness.key, "p_up": rounded(mk_c.p_up, 3), "p_down": rounded(mk_c.p_down, 3),
-                             "gain_over_window": rounded(c_gain), "relative_gain": rounded(c_rel, 3),
-                             "relative_gain_upper": rounded(c_rel_upper, 3),
-                             "elasticity_to_length": rounded(elasticity, 3), "threshold_elasticity": self.stall_elasticity,
-                             "recent": rounded(median(cv[-k:]))}
+        ev["correctness"] = {"metric": self.correctness.key, "p_up": fin(mk_c.p_up), "p_down": fin(mk_c.p_down),
+                             "gain_over_window": fin(c_gain), "relative_gain": fin(c_rel),
+                             "relative_gain_upper": fin(c_rel_upper),
+                             "elasticity_to_length": fin(elasticity), "threshold_elasticity": self.stall_elasticity,
+                             "recent": fin(median(cv[-k:]))}
         stalled = elasticity <= self.stall_elasticity * (1.5 if self.in_episode else 1.0)
         falling = mk_c.p_down < 0.05
         # A jump of entropy and truncation is degeneration, not a length trend: leave it to that detector.
@@ -193,9 +213,9 @@ class LengthRewardCoupling(EpisodeDetector):
             degenerate = True
         ev["degenerate_regime"] = degenerate
         corroborators = self._corroborators(start, ev)
-        rs, rv = self._window(self.reward, start)
+        _, rv = self._window(self.reward, start)
         if len(rv) == len(lv) and len(rv) >= 4:
-            ev["reward_length_correlation"] = rounded(pearson(lv, rv), 3)
+            ev["reward_length_correlation"] = fin(pearson(lv, rv))
         level = 0
         if length_rising and not degenerate and (stalled or "length_explains_reward" in corroborators):
             level = 1
@@ -212,14 +232,14 @@ class LengthRewardCoupling(EpisodeDetector):
         _, cv = self._window(self.corr, start)
         if len(cv) >= 3:
             m = median(cv)
-            ev["within_group_length_reward_corr"] = rounded(m, 3)
+            ev["within_group_length_reward_corr"] = fin(m)
             if m >= self.corr_threshold:
                 out.append("length_explains_reward")
         gs, gv = self._window(self.len_correct, start)
         bs, bv = self._window(self.len_incorrect, start)
         if len(gv) >= 4 and len(bv) >= 4:
             g_slope, b_slope = theil_sen(gs, gv), theil_sen(bs, bv)
-            ev["length_slope_per_step"] = {"correct": rounded(g_slope), "incorrect": rounded(b_slope)}
+            ev["length_slope_per_step"] = {"correct": fin(g_slope), "incorrect": fin(b_slope)}
             if b_slope > 0 and b_slope > 1.25 * max(g_slope, 0.0):
                 out.append("incorrect_grow_longer")
         return out

@@ -15,29 +15,36 @@ from typing import Any
 
 from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import StepClock
-from detectors.stats import MAD_SCALE, Window, mad_sigma, median, quantile, rounded
+from detectors.stats import MAD_SCALE, Window, fin, mad_sigma, median, quantile
 
 
 class _Baselined:
-    """A metric with a baseline frozen from its first ``n_base`` points after ``skip`` points."""
+    """A metric with a baseline frozen from its points after the first ``skip_steps`` steps, once
+    at least ``min_points`` of them cover ``span`` steps (at most ``max_points`` are kept)."""
 
-    def __init__(self, n_base: int, skip: int, recent: int) -> None:
-        self.n_base = n_base
-        self.skip = skip
-        self.seen = 0
+    def __init__(self, min_points: int, span: int, skip_steps: int, recent: int, max_points: int = 64) -> None:
+        self.min_points = min_points
+        self.span = span
+        self.skip_steps = skip_steps
+        self.max_points = max_points
+        self.first_step: int | None = None
         self.base_vals: list[float] = []
+        self.base_first: int | None = None
         self.recent = Window(recent)
         self.base: float | None = None
         self.spread: float | None = None
         self.q90: float | None = None
 
     def push(self, step: int, v: float) -> None:
-        self.seen += 1
+        if self.first_step is None:
+            self.first_step = step
         self.recent.push(step, v)
-        if self.base is None and self.seen > self.skip:
+        if self.base is None and step - self.first_step >= self.skip_steps:
+            if self.base_first is None:
+                self.base_first = step
             self.base_vals.append(v)
-            if len(self.base_vals) >= self.n_base:
+            enough = len(self.base_vals) >= self.min_points and step - self.base_first >= self.span
+            if enough or len(self.base_vals) >= self.max_points:
                 self.base = median(self.base_vals)
                 self.spread = mad_sigma(self.base_vals, self.base)
                 self.q90 = quantile(self.base_vals, 0.9)
@@ -49,12 +56,27 @@ class _Baselined:
 
 
 def is_moe_run(context_is_moe: bool, metrics: Mapping[str, Any]) -> bool:
-    if context_is_moe:
+    """An MoE run: the model facts say so, or the step logs ``aux_loss`` or ``moe/*`` metrics."""
+    if context_is_moe or "aux_loss" in metrics:
         return True
-    for k in metrics:
-        if isinstance(k, str) and (k == "aux_loss" or k.startswith("moe/")):
-            return True
-    return False
+    return any(isinstance(k, str) and k.startswith("moe/") for k in metrics)
+
+
+class MoeSighting:
+    """``is_moe_run`` for a stream of steps, rescanning keys only when their number changes."""
+
+    def __init__(self, context_is_moe: bool) -> None:
+        self.moe = bool(context_is_moe)
+        self._nkeys = -1
+
+    def see(self, metrics: Mapping[str, Any]) -> bool:
+        if not self.moe and (len(metrics) != self._nkeys or "aux_loss" in metrics):
+            self._nkeys = len(metrics)
+            self.moe = is_moe_run(False, metrics)
+        return self.moe
+
+
+_DENSE: dict[str, Any] = {"moe": False}
 
 
 class MoeInstability(EpisodeDetector):
@@ -62,8 +84,10 @@ class MoeInstability(EpisodeDetector):
 
     Parameters: ``min_signals`` (distinct signals needed for a warning; one more, or persistence,
     makes it critical), ``spike_z`` (robust z of log grad norm that counts as a spike),
+    ``spike_factor`` (a spike is also at least this multiple of the baseline grad norm),
     ``recent_steps`` (how far back, in training steps, spikes and bursts are counted),
-    ``base_points``/``skip_points`` (baseline points, after skipping the early transient).
+    ``base_points``/``base_steps``/``skip_steps`` (the baseline takes at least ``base_points``
+    points covering ``base_steps`` steps, after skipping the first ``skip_steps`` steps).
 
     >>> det = MoeInstability()
     >>> det.start(RunContext(model={"is_moe": True}))
@@ -87,24 +111,29 @@ class MoeInstability(EpisodeDetector):
         min_signals: int = 2,
         spike_z: float = 6.0,
         recent_steps: int = 30,
-        base_points: int = 12,
-        skip_points: int = 4,
+        base_points: int = 6,
+        base_steps: int = 40,
+        skip_steps: int = 20,
+        spike_factor: float = 6.0,
     ) -> None:
         self.min_signals = check_int("min_signals", min_signals, 2)
         self.spike_z = check_float("spike_z", spike_z, 0.0, 1e6, low_open=True)
         self.recent_steps = check_int("recent_steps", recent_steps, 1)
-        self.base_points = check_int("base_points", base_points, 4)
-        self.skip_points = check_int("skip_points", skip_points, 0)
+        self.base_points = check_int("base_points", base_points, 3)
+        self.base_steps = check_int("base_steps", base_steps, 0)
+        self.skip_steps = check_int("skip_steps", skip_steps, 0)
+        self.spike_factor = check_float("spike_factor", spike_factor, 1.0, 1e9, low_open=True)
         super().__init__()
 
     def _reset_state(self) -> None:
-        mk = lambda: _Baselined(self.base_points, self.skip_points, 64)  # noqa: E731
-        self.flip = _Baselined(max(4, self.base_points // 2), 1, 16)
+        mk = lambda: _Baselined(self.base_points, self.base_steps, self.skip_steps, 64)
+        # The router tap logs the flip rate only every ~10 steps: fewer points, same stretch.
+        self.flip = _Baselined(3, self.base_steps, self.skip_steps, 16)
         self.clip = mk()
         self.is_max = mk()
         self.grad = mk()
         self.aux = mk()
-        self.moe = bool(self.context.is_moe)
+        self.sighting = MoeSighting(self.context.is_moe)
 
     def _clip_value(self, metrics: Metrics) -> float | None:
         v = metrics.get("clip_ratio/region_mean")
@@ -115,9 +144,8 @@ class MoeInstability(EpisodeDetector):
         return sum(vals) if vals else None
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        self.moe = self.moe or is_moe_run(False, metrics)
-        if not self.moe:
-            return Assessment(level=0, evidence={"moe": False})
+        if not self.sighting.see(metrics):
+            return Assessment(level=0, evidence=_DENSE)
 
         def val(key: str) -> float | None:
             v = metrics.get(key)
@@ -161,7 +189,7 @@ class MoeInstability(EpisodeDetector):
         if self.flip.ready:
             r = median(self.flip.recent.last(2))
             b, sp = self.flip.base or 0.0, max(self.flip.spread or 0.0, 0.1 * (self.flip.base or 0.0), 1e-4)
-            ev["flip_rate"] = {"recent": rounded(r), "baseline": rounded(b), "threshold": rounded(max(1.5 * b, b + 4 * sp))}
+            ev["flip_rate"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(max(1.5 * b, b + 4 * sp))}
             if r >= max(1.5 * b, b + 4 * sp) * relax:
                 signals.append("flip_rate_up")
         if self.clip.ready:
@@ -169,7 +197,7 @@ class MoeInstability(EpisodeDetector):
             q = quantile(vals, 0.9)
             bq = self.clip.q90 or 0.0
             need = max(1.75 * bq, bq + 0.05)
-            ev["clip_fraction"] = {"recent_q90": rounded(q), "baseline_q90": rounded(bq), "threshold": rounded(need)}
+            ev["clip_fraction"] = {"recent_q90": fin(q), "baseline_q90": fin(bq), "threshold": fin(need)}
             # Bursty: the upper tail moved, on more than one point.
             if q >= need * relax and sum(1 for v in vals if v >= need * relax) >= bursts_needed:
                 signals.append("clip_bursts")
@@ -177,16 +205,18 @@ class MoeInstability(EpisodeDetector):
             vals = self._recent(self.is_max, step, 2)
             r = median(vals[-k:])
             b = max(self.is_max.base or 0.0, 1e-6)
-            ev["importance_ratio_max"] = {"recent": rounded(r), "baseline": rounded(b), "threshold": rounded(3 * b)}
+            ev["importance_ratio_max"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(3 * b)}
             if r >= 3 * b * relax:
                 signals.append("importance_ratio_extremes")
         if self.grad.ready:
             vals = self._recent(self.grad, step, 3)
             b = self.grad.base or 0.0
             sp = max(self.grad.spread or 0.0, 0.05)
-            spikes = sum(1 for v in vals if (v - b) / sp >= self.spike_z * relax)
-            ev["grad_norm"] = {"spikes_in_window": spikes, "baseline": rounded(math.exp(b)), "robust_z_threshold": self.spike_z,
-                               "log_mad_sigma": rounded(sp)}
+            # A spike is both far out in the run's own noise and a large factor in absolute terms.
+            cut = max(self.spike_z * sp, math.log(self.spike_factor)) * relax
+            spikes = sum(1 for v in vals if v - b >= cut)
+            ev["grad_norm"] = {"spikes_in_window": spikes, "baseline": fin(math.exp(b)), "robust_z_threshold": self.spike_z,
+                               "log_mad_sigma": fin(sp)}
             if spikes >= 2:
                 signals.append("grad_norm_spikes")
         if self.aux.ready:
@@ -194,8 +224,8 @@ class MoeInstability(EpisodeDetector):
             b = self.aux.base or 0.0
             sp = max(self.aux.spread or 0.0, 0.01 * abs(b), 1e-6)
             need = b + max(4 * sp, 0.15 * abs(b))
-            ev["aux_loss"] = {"recent": rounded(r), "baseline": rounded(b), "threshold": rounded(need),
-                              "robust_z": rounded((r - b) / sp, 3)}
+            ev["aux_loss"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(need),
+                              "robust_z": fin((r - b) / sp)}
             if r >= b + (need - b) * relax:
                 signals.append("aux_loss_drift")
         ev["signals"] = signals

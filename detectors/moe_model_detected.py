@@ -9,11 +9,11 @@ and there is nothing to change.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectors.base import Detector, Finding, Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
-from detectors.moe_instability import is_moe_run
+from detectors.moe_instability import MoeSighting
 from detectors.variants import preset
 
 
@@ -40,13 +40,17 @@ class MoeModelDetected(Detector):
         self.state = "warming_up"
         self.last_evidence: dict[str, Any] = {}
         self.raised = False
+        self.sighting = MoeSighting(self.context.is_moe)
 
     def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
         if self.raised:
             return []
-        if not is_moe_run(self.context.is_moe, metrics if hasattr(metrics, "keys") else {}):
-            self.state = "ok"
-            self.last_evidence = {"is_moe": False}
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):
+            metrics = {}
+        if not self.sighting.see(metrics):
+            if self.state != "ok":
+                self.state = "ok"
+                self.last_evidence = {"is_moe": False}
             return []
         self.raised = True
         self.state = "ok"

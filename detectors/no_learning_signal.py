@@ -14,8 +14,8 @@ from typing import Any
 
 from detectors.base import Metrics, Sample
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import EntropyTrack, StepClock, get
-from detectors.stats import Window, rounded
+from detectors.signals import EntropyTrack, get
+from detectors.stats import Window, fin
 
 
 class NoLearningSignal(EpisodeDetector):
@@ -96,10 +96,12 @@ class NoLearningSignal(EpisodeDetector):
         sustained = run >= k and covered >= self.persist_steps
         long_sustained = run >= 2 * k and covered >= 2 * self.persist_steps
         ev: dict[str, Any] = {"conditions": conds, "points_in_a_row": run, "persist_points": k, "level": self.level}
+        if not run and not self.in_episode:
+            return Assessment(level=0, evidence=ev)
         deferred = None
         if self.entropy.ready:
             ratio = self.entropy.ratio(2) or 1.0
-            ev["entropy_ratio_to_baseline"] = rounded(ratio, 3)
+            ev["entropy_ratio_to_baseline"] = fin(ratio)
             if ratio >= self.defer_high:
                 deferred = "degenerate_long_cot"
             elif ratio <= self.defer_low:
@@ -107,7 +109,7 @@ class NoLearningSignal(EpisodeDetector):
         if deferred:
             ev["deferred_to"] = deferred
         if self.rewards.values:
-            ev["reward"] = rounded(self.rewards.values[-1])
+            ev["reward"] = fin(self.rewards.values[-1])
         level = 0
         if sustained and not deferred:
             level = 1
@@ -121,7 +123,7 @@ class NoLearningSignal(EpisodeDetector):
         conds = evidence.get("conditions", [])
         reward = evidence.get("reward")
         if "all_truncated" in conds:
-            cap = f" (now {self.cap})" if self.cap else ""
+            cap = f" (now {self.cap}; try {2 * self.cap} or more)" if self.cap else ""
             advice = f"every completion is cut at the length cap: raise max_completion_length{cap} or ask for shorter answers."
         elif reward is not None and reward <= 0:
             advice = "every completion scores the same zero reward: the task is too hard for the model or the reward never pays; use easier prompts or partial credit."

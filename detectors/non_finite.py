@@ -19,19 +19,24 @@ WATCHED = ("loss", "grad_norm", "entropy", "reward", "reward_std", "kl", "policy
 
 def non_finite_keys(metrics: Mapping[str, Any], max_keys: int = 512) -> tuple[list[str], bool]:
     """The watched keys holding NaN/inf, and whether any watched key held a number at all."""
-    bad: list[str] = []
-    seen = False
-    for i, (k, v) in enumerate(metrics.items()):
-        if i >= max_keys:
-            break
-        if not isinstance(k, str) or not (k in WATCHED or k.startswith("rewards/")):
-            continue
-        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue
-        seen = True
-        if not math.isfinite(v):
-            bad.append(k)
-    return sorted(bad), seen
+    inf = math.inf
+    # Fast path in C: the exact sum of the truthy values (Nones and zeros dropped) is finite
+    # exactly when all of them are.
+    try:
+        suspicious = not math.isfinite(math.fsum(filter(None, metrics.values())))
+    except (TypeError, ValueError, OverflowError):  # odd types, inf - inf, finite overflow
+        suspicious = True
+    if suspicious and any(type(v) is float and not (-inf < v < inf) for v in metrics.values()):
+        bad = sorted(k for i, (k, v) in enumerate(metrics.items())
+                     if i < max_keys and type(v) is float and not (-inf < v < inf)
+                     and isinstance(k, str) and (k in WATCHED or k.startswith("rewards/")))
+        if bad:
+            return bad, True
+    for k in WATCHED:
+        v = metrics.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return [], True
+    return [], any(isinstance(k, str) and k.startswith("rewards/") and isinstance(v, (int, float)) for k, v in metrics.items())
 
 
 class NonFinite(EpisodeDetector):

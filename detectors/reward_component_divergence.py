@@ -13,8 +13,14 @@ from typing import Any
 
 from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import CorrectnessSource, LevelTrack, StepClock, get, is_length_name, reward_names_in
-from detectors.stats import Window, mann_kendall, median, rounded
+from detectors.signals import (
+    CorrectnessSource,
+    LevelTrack,
+    get,
+    is_length_name,
+    reward_names_in,
+)
+from detectors.stats import fin, mann_kendall
 
 
 class RewardComponentDivergence(EpisodeDetector):
@@ -51,18 +57,26 @@ class RewardComponentDivergence(EpisodeDetector):
         self.correctness = CorrectnessSource(self.context)
         self.correct = LevelTrack(window=32, half=3, tol=10.0, positive=False, min_span=20)
         self.components: dict[str, LevelTrack] = {}
+        self._nkeys = -1
+        self._names: list[tuple[str, str]] = []
+        self._length_named: set[str] = set()
+        self._quiet = {"components": "no component near a rise"}
+        self._any_ready = False
         self.confirm_points, self.confirm_steps = self.persist_points, self.persist_steps
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         c = self.correctness.value(metrics)
         if c is not None:
             self.correct.push(step, c)
-        names = reward_names_in(metrics.keys())
+        # Rescan the keys for components only when their number changes (or now and then).
+        if len(metrics) != self._nkeys or self.n_updates % 64 == 0:
+            self._nkeys = len(metrics)
+            self._names = [(n, f"rewards/{n}/mean") for n in reward_names_in(metrics.keys())]
         pushed = False
-        for name in names:
+        for name, key in self._names:
             if name == self.correctness.name:
                 continue
-            v = get(metrics, f"rewards/{name}/mean")
+            v = get(metrics, key)
             if v is None:
                 continue
             track = self.components.get(name)
@@ -70,15 +84,33 @@ class RewardComponentDivergence(EpisodeDetector):
                 if len(self.components) >= self.max_components:
                     continue
                 track = self.components[name] = LevelTrack(window=16, half=3, tol=10.0, positive=False, min_span=20)
+                if is_length_name(name):
+                    self._length_named.add(name)
             track.push(step, v)
             pushed = True
         if c is None and not pushed:
             return None
         if self.correctness.name is None:
             return Assessment(level=0, evidence={"reason": "no correctness component among the rewards"})
-        if not self.correct.ready or not any(t.ready for t in self.components.values()):
+        if not self._any_ready:
+            self._any_ready = any(t.ready for t in self.components.values())
+        if not self.correct.ready or not self._any_ready:
             return Assessment(warming_up=True)
+        if not self.in_episode and not self._worth_judging():
+            return Assessment(level=0, evidence=self._quiet)
         return self._judge(step)
+
+    def _worth_judging(self) -> bool:
+        """A cheap pre-check on the latest values: is any component at least half-way to a rise?"""
+        for name, track in self.components.items():
+            b = track.baseline.value
+            if b is None or name in self._length_named or not track.window.values:
+                continue
+            v = track.window.values[-1]
+            need = max(self.noise_z * max(track.baseline.spread or 0.0, 1e-6), self.rise * max(abs(b), abs(v)))
+            if v - b >= 0.5 * need:
+                return True
+        return False
 
     def _judge(self, step: int) -> Assessment:
         # Levels over about ten steps: one logged point of a binary reward mean is too noisy.
@@ -87,33 +119,32 @@ class RewardComponentDivergence(EpisodeDetector):
         cb = self.correct.base or 0.0
         cr = self.correct.recent(k) or 0.0
         cn = max(self.correct.baseline.spread or 0.0, 0.02 * max(abs(cb), abs(cr)), 1e-6)
-        cvals = self.correct.window.last(24)
-        mk = mann_kendall(cvals)
-        c_flat = (cr - cb) <= max(2 * cn, 0.1 * abs(cb)) * relax and mk.p_up > 0.1 / relax
-        c_falling = mk.p_down < 0.05 and cr < cb
         ev: dict[str, Any] = {
-            "correctness": {"metric": self.correctness.key, "recent": rounded(cr), "baseline": rounded(cb),
-                            "trend": mk.as_evidence(), "flat_or_falling": c_flat or c_falling},
+            "correctness": {"metric": self.correctness.key, "recent": fin(cr), "baseline": fin(cb)},
             "persist_points": self.confirm_points,
         }
-        best: tuple[float, str, dict[str, Any]] | None = None
+        best: tuple[float, str, float, float, float] | None = None
         for name, track in self.components.items():
-            if not track.ready or is_length_name(name):
+            if not track.baseline.ready or name in self._length_named:
                 continue
-            b = track.base or 0.0
-            r = track.recent(k) or 0.0
-            noise = max(track.baseline.spread or 0.0, 1e-6)
-            gain = r - b
-            need = max(self.noise_z * noise, self.rise * max(abs(b), abs(r)))
-            info = {"recent": rounded(r), "baseline": rounded(b), "gain": rounded(gain), "threshold": rounded(need)}
-            score = gain / need if need > 0 else 0.0
+            b = track.baseline.value or 0.0
+            r = track.window.recent_median(k) or 0.0
+            need = max(self.noise_z * max(track.baseline.spread or 0.0, 1e-6), self.rise * max(abs(b), abs(r)))
+            score = (r - b) / need
             if best is None or score > best[0]:
-                best = (score, name, info)
+                best = (score, name, b, r, need)
         level = 0
         if best is not None:
-            score, name, info = best
+            score, name, b, r, need = best
             ev["component"] = name
-            ev[name] = info
+            ev[name] = {"recent": fin(r), "baseline": fin(b), "gain": fin(r - b), "threshold": fin(need)}
+            c_flat = c_falling = False
+            if score >= 1.0 / relax:
+                # The trend test only runs once a component has risen: healthy steps stay cheap.
+                mk = mann_kendall(self.correct.window.last(24))
+                c_flat = (cr - cb) <= max(2 * cn, 0.1 * abs(cb)) * relax and mk.p_up > 0.1 / relax
+                c_falling = mk.p_down < 0.05 and cr < cb
+                ev["correctness"].update(trend=mk.as_evidence(), flat_or_falling=c_flat or c_falling)
             if score >= 1.0 / relax and (c_flat or c_falling):
                 level = 1
                 recent = self.components[name].window.last(6)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from detectors.base import RunContext, finite
-from detectors.stats import SettledBaseline, Window, log_ratio, median
+from detectors.stats import SettledBaseline, Window, log_ratio, mad_sigma, median
 
 _CORRECT_HINT = re.compile(r"correct|accura|(^|[^a-z])acc([^a-z]|$)|exact|match", re.IGNORECASE)
 _FORMAT_HINT = re.compile(r"format|xml|tag|schema|struct", re.IGNORECASE)
@@ -26,7 +26,10 @@ _LENGTH_HINT = re.compile(r"len|overlong|long|short|token", re.IGNORECASE)
 
 def get(metrics: Mapping[str, Any], key: str) -> float | None:
     """A finite value of one metric, or None (missing key, gap, NaN or inf)."""
-    return finite(metrics.get(key))
+    v = metrics.get(key)
+    if type(v) is float:  # the common case, checked without a call
+        return v if -math.inf < v < math.inf else None
+    return finite(v)
 
 
 def component_key(name: str) -> str:
@@ -74,9 +77,12 @@ class CorrectnessSource:
         self.context = context
         self.key, self.name = resolve_correctness(context, ())
         self.fixed = self.key != "reward"
+        self._seen_keys = -1
 
     def value(self, metrics: Mapping[str, Any]) -> float | None:
-        if not self.fixed:
+        # Re-resolve only when the set of logged keys may have changed (cheap proxy: its size).
+        if not self.fixed and len(metrics) != self._seen_keys:
+            self._seen_keys = len(metrics)
             key, name = resolve_correctness(self.context, metrics.keys())
             if key != "reward":
                 self.key, self.name, self.fixed = key, name, True
@@ -118,7 +124,7 @@ def groups_of(samples: Sequence[Mapping[str, Any]], max_samples: int = 4096) -> 
     for i, s in enumerate(samples):
         if i >= max_samples:
             break
-        if not isinstance(s, Mapping):
+        if type(s) is not dict and not isinstance(s, Mapping):
             continue
         g = s.get("group")
         if g is None or isinstance(g, (float, list, dict)):
@@ -139,10 +145,39 @@ class LevelTrack:
         self.window = Window(window)
         self.baseline = SettledBaseline(half=half, tol=tol, max_points=max_points, positive=positive, min_span=min_span)
         self.base_step: int | None = None
+        # The first few points: the only reference a series has when it fails before it settles.
+        self.first: list[float] = []
+        self.first_steps: list[int] = []
 
     def push(self, step: int, v: float) -> None:
-        self.window.push(step, v)
-        if self.baseline.push(v, step):
+        w = self.window
+        w.steps.append(step)
+        w.values.append(v)
+        if self.baseline.value is None:
+            if len(self.first) < 3:
+                self.first.append(v)
+                self.first_steps.append(step)
+            if self.baseline.push(v, step):
+                self.base_step = step
+
+    @property
+    def early(self) -> float | None:
+        """Median of the first (up to three) points."""
+        return median(self.first) if self.first else None
+
+    def early_ratio(self, k: int) -> float | None:
+        """Recent median over the first points' median, while the baseline has not settled."""
+        r, e = self.recent(k), self.early
+        if r is None or e is None or self.baseline.value is not None or len(self.window) < len(self.first) + k:
+            return None
+        return math.exp(log_ratio(r, e))
+
+    def force_early(self, step: int) -> None:
+        """Freeze the baseline at the first points' level: the series moved far before settling."""
+        b = self.baseline
+        if b.value is None and self.first:
+            b.value = median(self.first)
+            b.spread = mad_sigma(self.first, b.value)
             self.base_step = step
 
     @property
@@ -175,8 +210,10 @@ class EntropyTrack(LevelTrack):
     """
 
     def push_metrics(self, step: int, metrics: Mapping[str, Any]) -> float | None:
-        h = get(metrics, "entropy")
-        if h is None or h < 0:
+        h = metrics.get("entropy")
+        if type(h) is not float:
+            h = finite(h)
+        if h is None or not (0.0 <= h < math.inf):
             return None
         if h == 0.0:
             clipped = get(metrics, "completions/clipped_ratio")
@@ -213,23 +250,27 @@ class StepClock:
     """
 
     def __init__(self) -> None:
-        self._gaps: deque[int] = deque(maxlen=8)
-        self._last: int | None = None
+        # Only the last steps are kept; the spacing is worked out when asked (rarely, on the slow
+        # paths), so a tick is a single append.
+        self._steps: deque[int] = deque(maxlen=9)
 
     def tick(self, step: int) -> None:
-        if self._last is not None and step > self._last:
-            self._gaps.append(step - self._last)
-        self._last = step
+        steps = self._steps
+        if not steps or step > steps[-1]:
+            steps.append(step)
 
     @property
     def gap(self) -> int:
         """Mean steps per logged point over the last few points (a mean, not a median: logs that
         come in bursts with long holes cover training sparsely even if most gaps are 1)."""
-        return max(1, int(round(sum(self._gaps) / len(self._gaps)))) if self._gaps else 1
+        steps = self._steps
+        if len(steps) < 2:
+            return 1
+        return max(1, round((steps[-1] - steps[0]) / (len(steps) - 1)))
 
     def points_for(self, steps: int, minimum: int = 1) -> int:
         """Logged points covering about ``steps`` training steps, at least ``minimum``."""
-        return max(minimum, int(math.ceil(steps / max(self.gap, 1))))
+        return max(minimum, math.ceil(steps / max(self.gap, 1)))
 
     def points(self, fine: int = 3, coarse: int = 2) -> int:
         """``fine`` points on logs of every step or two, ``coarse`` on sparser logs (each point

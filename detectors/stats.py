@@ -48,7 +48,7 @@ def quantile(values: Sequence[float], q: float) -> float:
     if not s:
         raise ValueError("quantile of an empty sequence")
     pos = q * (len(s) - 1)
-    lo = int(math.floor(pos))
+    lo = math.floor(pos)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
@@ -233,7 +233,7 @@ class SettledBaseline:
         if self.min_span <= 0 or len(self.steps) < 2:
             return self.half
         gap = max((self.steps[-1] - self.steps[0]) / (len(self.steps) - 1), 1e-9)
-        want = int(math.ceil(self.min_span / (2.0 * gap)))
+        want = math.ceil(self.min_span / (2.0 * gap))
         return min(max(want, self.half), self.max_half)
 
     def push(self, v: float, step: int | None = None) -> bool:
@@ -294,7 +294,7 @@ class Window:
 class Ewma:
     """Exponentially weighted mean and variance (West's incremental form)."""
 
-    __slots__ = ("alpha", "mean", "var", "n")
+    __slots__ = ("alpha", "mean", "n", "var")
 
     def __init__(self, alpha: float) -> None:
         if not 0 < alpha <= 1:
@@ -323,7 +323,7 @@ class PageHinkley:
     [False, False, False, False, False, True, True]
     """
 
-    __slots__ = ("delta", "threshold", "n", "mean", "cum", "min_cum")
+    __slots__ = ("cum", "delta", "mean", "min_cum", "n", "threshold")
 
     def __init__(self, delta: float, threshold: float) -> None:
         self.delta = delta
@@ -375,3 +375,27 @@ def rounded(x: float | None, digits: int = 4) -> float | None:
     if x == 0:
         return 0.0
     return float(f"{x:.{digits}g}")
+
+
+def fin(x: float | None) -> float | None:
+    """The value when finite, else None: the cheap per-step form; ``tidy`` rounds for display."""
+    if x is None or not -math.inf < x < math.inf:
+        return None
+    return x
+
+
+def tidy(obj: object, digits: int = 4) -> object:
+    """Evidence made JSON-safe and readable: floats to ``digits`` significant digits, non-finite
+    floats to None, tuples to lists, recursively.
+
+    >>> tidy({"a": 0.123456, "b": [float("nan"), 2], "c": (1e300 * 1e10,)})
+    {'a': 0.1235, 'b': [None, 2], 'c': [None]}
+    """
+    if isinstance(obj, float):
+        return rounded(obj, digits)
+    if isinstance(obj, dict):
+        return {str(k): tidy(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [tidy(v, digits) for v in obj]
+    return obj
+

@@ -10,16 +10,41 @@ from typing import Any
 DEFAULT_STEPS = 60
 
 # Real training settings that drive the tiny model into each behaviour (measured on this model).
+# A failure starts after a healthy phase (``switch``: from that step on, the setting changes), so
+# the run has a baseline of its own to be compared with, as a real run does.
 SCENARIOS: dict[str, dict[str, Any]] = {
-    "healthy": {"config": {}, "extra_rewards": [], "steps": 60,
+    "healthy": {"config": {}, "extra_rewards": [], "steps": 60, "switch": None,
                 "what": "the recipe's plain GRPO: correctness improves, entropy settles"},
-    "collapse": {"config": {"learning_rate": 1e-2}, "extra_rewards": [], "steps": 60,
-                 "what": "learning rate 1e-2: groups turn identical and entropy collapses"},
-    "length": {"config": {"loss_type": "grpo", "max_completion_length": 64}, "extra_rewards": ["length_bonus_reward"],
-               "steps": 200, "what": "a reward paying 0.01 per token under loss_type='grpo': length grows, correctness does not"},
-    "degenerate": {"config": {"entropy_coef": 0.5, "max_completion_length": 32}, "extra_rewards": [], "steps": 80,
-                   "what": "entropy bonus 0.5: entropy explodes, completions run to the cap, reward falls"},
+    "collapse": {"config": {"lr_scheduler_type": "constant", "max_completion_length": 32}, "extra_rewards": [],
+                 "steps": 70, "switch": {"at": 25, "learning_rate": 5e-3},
+                 "what": "from step 25 the learning rate jumps to 5e-3: completions turn identical and entropy collapses"},
+    "length": {"config": {"loss_type": "grpo", "max_completion_length": 64, "learning_rate": 1e-3},
+               "extra_rewards": ["length_bonus_reward"], "steps": 150, "switch": None,
+               "what": "a reward paying 0.05 per token under loss_type='grpo': length grows, correctness does not"},
+    "degenerate": {"config": {"entropy_coef": 1e-4, "max_completion_length": 32, "learning_rate": 1e-3,
+                              "lr_scheduler_type": "constant"},
+                   "extra_rewards": [], "steps": 70, "switch": {"at": 25, "entropy_coef": 1.0},
+                   "what": "from step 25 an entropy bonus of 1.0: entropy explodes, completions run to the cap, reward falls"},
 }
+
+
+def _scenario_switch(trainer: Any, switch: dict[str, Any]):
+    """Changes a training setting mid-run, the way a bad schedule or a config edit would."""
+    from transformers import TrainerCallback
+
+    class ScenarioSwitch(TrainerCallback):
+        def on_step_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+            if state.global_step < switch["at"]:
+                return
+            if "learning_rate" in switch and optimizer is not None:
+                for group in optimizer.param_groups:
+                    group["lr"] = switch["learning_rate"]
+                if lr_scheduler is not None and hasattr(lr_scheduler, "base_lrs"):
+                    lr_scheduler.base_lrs = [switch["learning_rate"]] * len(lr_scheduler.base_lrs)
+            if "entropy_coef" in switch:
+                trainer.entropy_coef = switch["entropy_coef"]
+
+    return ScenarioSwitch()
 
 
 def scenario_rewards(name: str) -> list[Any]:
@@ -114,6 +139,8 @@ def run_demo(
         trainer = build_trainer(a, moe=moe, reward_funcs=rewards)
         for cb in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(cb)
+        if spec["switch"]:
+            trainer.add_callback(_scenario_switch(trainer, spec["switch"]))
         if not quiet:
             trainer.add_callback(_progress_callback(steps))
         return trainer

@@ -464,12 +464,20 @@ def test_tensorboard_truncated_and_damaged_files(tmp_path):
     p.write_bytes(data[:-7])  # a writer killed mid-record
     src = load_source(p)
     assert [s for s, _ in src.steps] == list(range(1, 10)) and "half-written" in src.warnings[0]
-    record = len(data) // 11
+    starts, pos = [], 0
+    while pos < len(data):
+        starts.append(pos)
+        pos += struct.unpack_from("<Q", data, pos)[0] + 16
     damaged = bytearray(data)
-    damaged[len(data) - 3 * record + 2] ^= 0xFF
+    damaged[starts[8] + 1] ^= 0xFF  # the length of the 8th scalar record no longer matches its CRC
     p.write_bytes(bytes(damaged))
     src = load_source(p)
-    assert 5 <= len(src.steps) < 10 and "damaged record" in src.warnings[0]
+    assert [s for s, _ in src.steps] == list(range(1, 8)) and "damaged record" in src.warnings[0]
+    damaged = bytearray(data)
+    damaged[starts[8] + 7] = 0xFF  # a length beyond any file offset
+    p.write_bytes(bytes(damaged))
+    src = load_source(p)
+    assert [s for s, _ in src.steps] == list(range(1, 8)) and "damaged record" in src.warnings[0]
 
 
 # --------------------------------------------------------------------------------- bad input
@@ -563,6 +571,30 @@ def test_tensorboard_same_value_relogged_in_one_file_is_not_a_conflict(tmp_path)
     events = [(1, "train/epoch", 0.5), (2, "train/epoch", 1.0), (2, "train/train_runtime", 3.0), (2, "train/epoch", 1.0)]
     src = load_source(write_tb_file(tmp_path / "events.out.tfevents.1", events))
     assert src.steps == [(1, {"epoch": 0.5}), (2, {"epoch": 1.0})] and src.warnings == []
+
+
+def test_tensorboard_alias_tags_merge_like_normalize_metrics(tmp_path):
+    events = [(1, "train/completion_length", 10.0), (2, "train/completion_length", 11.0),
+              (2, "train/completions/mean_length", 12.0), (3, "train/completions/mean_length", 13.0)]
+    src = load_source(write_tb_file(tmp_path / "events.out.tfevents.1", events))
+    m = dict(src.steps)
+    assert [m[s]["completions/mean_length"] for s in (1, 2, 3)] == [10.0, 12.0, 13.0]  # canonical wins at step 2
+    assert src.warnings == []
+
+
+def test_tensorboard_tags_that_are_not_utf8_stay_distinct(tmp_path):
+    from monitor.sources.tensorboard import read_tensorboard
+
+    p = tmp_path / "events.out.tfevents.1"
+    write_tb_file(p, [(1, "x", 1.0)])
+    data = p.read_bytes().replace(b"\x0a\x01x", b"\x0a\x01\xad")
+    p.write_bytes(data)  # the length CRC is unaffected; payload CRCs are not checked
+    write_tb_file(tmp_path / "events.out.tfevents.2", [(2, "y", 2.0)], wall0=2e9)
+    p2 = tmp_path / "events.out.tfevents.2"
+    p2.write_bytes(p2.read_bytes().replace(b"\x0a\x01y", b"\x0a\x01\x81"))
+    src = load_source(tmp_path)
+    assert src.steps == [(1, {"\\xad": 1.0}), (2, {"\\x81": 2.0})]
+    assert read_tensorboard(tmp_path, fast=False).steps == src.steps
 
 
 def test_reading_foreign_logs_stays_light(tmp_path):

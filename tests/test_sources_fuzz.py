@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import struct
 import tempfile
 from pathlib import Path
@@ -15,7 +16,11 @@ from hypothesis import strategies as st
 
 from monitor.sources import Source, SourceError, load_source
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# GRPO_MONITOR_FUZZ_EXAMPLES=2000 for a longer search than the default run affords.
+FUZZ = settings(
+    max_examples=int(os.environ.get("GRPO_MONITOR_FUZZ_EXAMPLES", "150")), deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 NAMES = ["trainer_state.json", "metrics.jsonl", "history.csv", "events.out.tfevents.1", "log.txt", "noext"]
 
 
@@ -154,7 +159,9 @@ def _event(step: int, tag: bytes, value: float) -> bytes:
 
 @FUZZ
 @given(
-    events=st.lists(st.tuples(st.integers(0, 10**6), st.binary(min_size=1, max_size=30), st.floats(width=32)), min_size=1, max_size=20),
+    events=st.lists(
+        st.tuples(st.integers(0, 10**6), st.binary(min_size=1, max_size=30), st.floats(width=32)), min_size=1, max_size=20
+    ),
     flips=st.lists(st.tuples(st.integers(0, 10**5), st.integers(1, 255)), max_size=4),
     cut=st.integers(0, 50),
 )

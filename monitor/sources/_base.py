@@ -60,7 +60,10 @@ class Source:
     warnings: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
-        return f"Source(path={str(self.path)!r}, format={self.format!r}, steps={len(self.steps)}, metrics={len(self.metric_names())})"
+        return (
+            f"Source(path={str(self.path)!r}, format={self.format!r}, steps={len(self.steps)}, "
+            f"metrics={len(self.metric_names())})"
+        )
 
     def metric_names(self) -> list[str]:
         """Every metric name, in the order it first appears."""
@@ -91,14 +94,17 @@ class Source:
         return pd.DataFrame(data, index=index, columns=pd.Index(names, dtype=object))
 
 
+_STEP_MIN, _STEP_MAX = -(2**63), 2**63 - 1
+
+
 def as_step(value: Any) -> int | None:
-    """A step number from a logged value: an integer, an integral float or a numeric string."""
+    """A step number from a logged value: an integer, an integral float or a numeric string (int64 range)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
+        return value if _STEP_MIN <= value <= _STEP_MAX else None
     if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value == int(value) else None
+        return as_step(int(value)) if math.isfinite(value) and value == int(value) else None
     if isinstance(value, str):
         text = value.strip()
         try:

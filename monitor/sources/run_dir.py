@@ -26,8 +26,11 @@ def read_run_dir(path: Path) -> Source:
     table = StepTable()
     norm = Normalizer()
     for rec in log.steps:
+        step = as_step(rec["step"])
+        if step is None:
+            raise SourceError(log.path / "run.jsonl", f"step {rec['step']} is beyond the 64-bit range")
         metrics = rec.get("metrics")
-        table.add(rec["step"], norm(metrics) if isinstance(metrics, dict) else {})
+        table.add(step, norm(metrics) if isinstance(metrics, dict) else {})
     finish(src, table)
     src.samples = log.samples_by_step()
     src.context = context_from_header(log.header)

@@ -8,10 +8,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from monitor.metrics import SUMMARY_KEYS
 import numpy as np
 
-from monitor.sources._base import Normalizer, plan_names, Source, SourceError, StepTable, as_step, finish, guess_context
+from monitor.metrics import SUMMARY_KEYS
+from monitor.sources._base import (
+    Normalizer,
+    Source,
+    SourceError,
+    StepTable,
+    as_step,
+    finish,
+    guess_context,
+    plan_names,
+)
 
 # Step fields, best first: the trainer's own step beats a logger's call counter (W&B's ``_step``
 # counts ``wandb.log`` calls, which differs from the trainer step when logging_steps > 1).
@@ -78,17 +87,13 @@ def read_jsonl(path: Path) -> Source:
 
 
 def _parse_all(path: Path, lines: list[bytes]) -> list[tuple[int, Any]]:
-    numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
-    try:  # one C-level parse of the whole file; per-line parsing only to locate a fault
-        values = json.loads(b"[" + b",".join(line for _, line in numbered) + b"]")
-        if len(values) == len(numbered):
-            return [(i, v) for (i, _), v in zip(numbered, values)]
-    except (ValueError, RecursionError):
-        pass
     out = []
-    for i, line in numbered:
+    loads = json.loads
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            out.append((i, json.loads(line)))
+            out.append((i, loads(line)))
         except (ValueError, RecursionError) as exc:
             msg = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.__class__.__name__
             raise SourceError(path, f"corrupt JSON line ({msg})", i) from None
@@ -229,7 +234,7 @@ def _numeric_columns(rows: list[list[str]], columns: list[tuple[int, str]]) -> t
         i = index[key]
         col = by_column[i] if rows else ()
         try:
-            values[:, j] = list(map(float, col))
+            values[:, j] = np.fromiter(map(float, col), dtype=np.float64, count=len(col))
             continue
         except ValueError:
             pass

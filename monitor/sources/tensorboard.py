@@ -166,7 +166,7 @@ def parse_event(buf: bytes, pos: int, end: int) -> tuple[float, int, list[tuple[
         if field == 1 and wire == 1:
             wall = _F64.unpack_from(buf, a)[0]
         elif field == 2 and wire == 0:
-            step = _varint(buf, a)[0]
+            step = _varint(buf, a)[0] & ((1 << 64) - 1)  # a varint may carry more bits than int64 holds
             if step >= 1 << 63:
                 step -= 1 << 64
         elif field == 5 and wire == 2:
@@ -309,7 +309,7 @@ class _Scalars:
         i = self._tag_index.get(tag)
         if i is None:
             i = self._tag_index[tag] = len(self.tags)
-            self.tags.append(tag.decode("utf-8", "replace"))
+            self.tags.append(tag.decode("utf-8", "backslashreplace"))  # distinct bytes, distinct names
         return i
 
     def tag_ids_of(self, tags: list[bytes]) -> np.ndarray:
@@ -339,8 +339,10 @@ def _frame(buf: bytes) -> np.ndarray:
         while True:
             add(pos)
             pos += unpack(buf, pos)[0] + 16
-    except struct.error:
+    except (struct.error, OverflowError):  # OverflowError: a damaged length sent ``pos`` beyond any offset
         pass
+    if starts[-1] > len(buf):  # only the last offset can lie beyond the end: every other one was read
+        starts.pop()
     return np.array(starts, dtype=np.int64)
 
 
@@ -522,7 +524,8 @@ def _fast_layout(v: _Views, data: np.ndarray, end: np.ndarray):
     expected = _SUMMARY_HEAD | ((r - _U(2)) << _U(8)) | ((r - _U(4)) << _U(24)) | ((r - _U(11)) << _U(40))
     m &= (v.at(v.u64, q) & _U(0xFFFF_FFFF_FFFF)) == expected
     m &= v.at(v.u8, end - 5) == 0x15
-    value = v.at(v.f32, end - 4).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # a signalling NaN is still a NaN
+        value = v.at(v.f32, end - 4).astype(np.float64)
     return m, step, value, q + 6, rem - 11
 
 
@@ -600,27 +603,34 @@ def read_tensorboard(path: Path, fast: bool = True) -> Source:
     return src
 
 
-def _names(tags: list[str]) -> tuple[list[str], np.ndarray]:
-    """Normalised metric names and, per tag, its column (-1: dropped, e.g. ``train/global_step``).
+def _names(tags: list[str], first_seen) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Normalised metric names and, per tag, its column (-1: dropped, e.g. ``train/global_step``)
+    and whether it only stands in for another tag.
 
     Two tags that normalise to one name (``train/completion_length`` next to
-    ``train/completions/mean_length``): the tag already spelled canonically wins, else the first.
-    The Trainer's end-of-training summary (``train/train_runtime``, ...) is dropped, as it is from
-    ``trainer_state.json``.
+    ``train/completions/mean_length``) share a column, as ``normalize_metrics`` merges them in
+    one logged dict: the canonically spelled tag wins where both hold a value, else the tag seen
+    first in the log; the other fills the steps the winner lacks. The Trainer's end-of-training
+    summary (``train/train_runtime``, ...) is dropped, as it is from ``trainer_state.json``.
     """
-    chosen: dict[str, int] = {}
+    groups: dict[str, list[int]] = {}
     for i, tag in enumerate(tags):
         name = normalize(tag)
-        if name == "step" or name in SUMMARY_KEYS:  # the end-of-training summary is not a step
+        if name == "step" or name in SUMMARY_KEYS:
             continue
-        canonical = tag == name or (tag.startswith("train/") and tag[6:] == name)
-        if name not in chosen or canonical:
-            chosen[name] = i
-    names = list(chosen)
+        groups.setdefault(name, []).append(i)
+    names = list(groups)
     col = np.full(len(tags), -1, dtype=np.int64)
+    standin = np.zeros(len(tags), dtype=bool)
     for j, name in enumerate(names):
-        col[chosen[name]] = j
-    return names, col
+        members = groups[name]
+        col[members] = j
+        if len(members) > 1:
+            canonical = [i for i in members if tags[i] == name or tags[i] == "train/" + name]
+            seen = first_seen()
+            winner = min(canonical or members, key=lambda i: seen[i])
+            standin[[i for i in members if i != winner]] = True
+    return names, col, standin
 
 
 def _pivot(src: Source, out: _Scalars) -> None:
@@ -628,16 +638,23 @@ def _pivot(src: Source, out: _Scalars) -> None:
     tag_ids = np.concatenate(out.tag_ids)
     values = np.concatenate(out.values)
     order = np.concatenate(out.order)
-    names, col_of_tag = _names(out.tags)
+    if not (order[1:] > order[:-1]).all():
+        idx = np.argsort(order, kind="stable")  # a file's slow-path records were appended after its fast ones
+        steps, tag_ids, values, order = steps[idx], tag_ids[idx], values[idx], order[idx]
+
+    def first_seen() -> np.ndarray:
+        seen = np.full(len(out.tags), np.iinfo(np.int64).max)
+        uniq, first = np.unique(tag_ids, return_index=True)
+        seen[uniq] = first
+        return seen
+
+    names, col_of_tag, standin = _names(out.tags, first_seen)
     cols = col_of_tag[tag_ids]
     keep = cols >= 0
     if not keep.all():
-        steps, cols, values, order = steps[keep], cols[keep], values[keep], order[keep]
+        steps, tag_ids, cols, values, order = steps[keep], tag_ids[keep], cols[keep], values[keep], order[keep]
     if len(steps) == 0:
         raise SourceError(src.path, "no scalar metrics besides the step counter")
-    if not (order[1:] > order[:-1]).all():
-        idx = np.argsort(order, kind="stable")  # a file's slow-path records were appended after its fast ones
-        steps, cols, values, order = steps[idx], cols[idx], values[idx], order[idx]
     # Rows: one per distinct step. A single writer's steps never decrease, which spares a sort.
     if (steps[1:] >= steps[:-1]).all():
         new = np.empty(len(steps), dtype=bool)
@@ -650,9 +667,13 @@ def _pivot(src: Source, out: _Scalars) -> None:
         row = row.reshape(-1)
     ncol = len(names)
     key = row * ncol + cols
+    if standin.any():  # an alias counts only at steps its canonical twin did not log
+        sub = standin[tag_ids]
+        drop = sub & np.isin(key, key[~sub])
+        if drop.any():
+            key, values, order = key[~drop], values[~drop], order[~drop]
     if np.bincount(key, minlength=len(uniq) * ncol).max() > 1:
         _resolve_duplicates(src, key, values, order, uniq, ncol)
-        keep = np.ones(len(key), dtype=bool)
         srt = np.argsort(key, kind="stable")  # ties stay in write order: the last one is the latest
         last = np.ones(len(srt), dtype=bool)
         last[:-1] = key[srt][1:] != key[srt][:-1]

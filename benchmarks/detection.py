@@ -1,0 +1,397 @@
+"""Detection quality and per-step cost of the detector suite, side by side with rlwatch 0.5.1.
+
+The labelled set is every synthetic case (``fixtures.synthetic``) at ``logging_steps`` 1 and 10
+over several seeds, plus the public runs in ``../shared/real-runs`` (with ``labels.json``). Each
+run is replayed through ``monitor.engine.Engine`` with every detector, and through rlwatch's
+manual API (``rlwatch.attach(framework="manual").log_step``) with its default configuration and
+the metric mapping of its own TRL callback.
+
+Scores: detection (the expected detector raised a warning/critical), in time (first raised at or
+before the labelled failure step), variant correct, false-alarm runs (any warning/critical on a
+healthy run), unexpected alarms on failure runs, delay (first flag minus failure step, in steps
+and in logged points). rlwatch has no detector ids of ours, so any of its alerts on a failure run
+counts as a detection (lenient), and its variant counts as correct only when its advice names
+the expected variant.
+
+Cost: the median time of one full-suite update with 1k and with 100k steps of history (metrics
+only, and with a 32-completion sample batch), next to rlwatch's ``log_step`` measured in the same
+process on the same stream, interleaved step by step.
+
+rlwatch is looked up in the current interpreter, then in ``.venv-bench`` (a venv made with
+``python -m venv --system-site-packages .venv-bench`` and ``pip install rlwatch==0.5.1``). Without
+it the comparison columns read "n/a".
+
+    python benchmarks/detection.py [--seeds 5] [--history 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.results import update_section
+from detectors import ALL_DETECTORS
+from fixtures.synthetic import CASES, FAILURES, HEALTHY, generate
+from monitor.engine import Engine
+
+REAL = ROOT.parent / "shared" / "real-runs"
+ALARM = ("warning", "critical")
+# rlwatch's TRL callback mapping (rlwatch/core.py, _build_trl_callback): first name present wins.
+RLWATCH_MAP = {
+    "entropy": ["entropy", "policy_entropy", "approx_entropy"],
+    "kl_divergence": ["kl", "kl_divergence", "kl_penalty", "approx_kl"],
+    "reward_mean": ["reward", "reward_mean", "rewards/mean", "env/reward_mean"],
+    "reward_std": ["reward_std", "rewards/std", "env/reward_std"],
+    "advantage_std": ["advantage_std", "advantages_std"],
+    "loss": ["loss", "train_loss", "policy_loss"],
+    "learning_rate": ["learning_rate", "lr"],
+    "clip_fraction": ["clip_fraction", "clipfrac", "policy/clip_fraction"],
+    "grad_norm": ["grad_norm", "gradient_norm", "grads/norm"],
+}
+VARIANT_WORDS = {"dapo": ("dapo",), "dr_grpo": ("dr. grpo", "dr_grpo", "dr grpo"), "gspo": ("gspo",)}
+
+
+def import_rlwatch():
+    try:
+        import rlwatch
+
+        return rlwatch, "current interpreter"
+    except ImportError:
+        pass
+    for site in sorted(glob.glob(str(ROOT / ".venv-bench" / "lib" / "python*" / "site-packages"))):
+        sys.path.append(site)
+        try:
+            import rlwatch
+
+            return rlwatch, ".venv-bench"
+        except ImportError:
+            sys.path.remove(site)
+    return None, None
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str  # "synthetic" or "real"
+    context: Any
+    steps: list
+    samples: dict
+    labels: dict
+    logging_gap: float
+
+
+@dataclass
+class Outcome:
+    alarms: list = field(default_factory=list)  # (detector, severity, step, variant, advice)
+
+
+def load_cases(seeds: int) -> list[Case]:
+    cases = []
+    for seed in range(seeds):
+        for ls in (1, 10):
+            for name in CASES:
+                run = generate(name, seed=seed, logging_steps=ls)
+                cases.append(Case(f"{name}/ls{ls}/s{seed}", "synthetic", run.context, run.steps, run.samples, run.labels, ls))
+    labels_path = REAL / "labels.json"
+    if labels_path.exists():
+        from monitor.sources import load_source
+
+        for name, labels in sorted(json.loads(labels_path.read_text()).items()):
+            src = load_source(REAL / f"{name}.trainer_state.json")
+            steps = [s for s, _ in src.steps]
+            gap = (steps[-1] - steps[0]) / max(len(steps) - 1, 1) if len(steps) > 1 else 1.0
+            cases.append(Case(name, "real", src.context, src.steps, src.samples, dict(labels), gap))
+    return cases
+
+
+def run_ours(case: Case) -> Outcome:
+    engine = Engine(case.context, [cls() for cls in ALL_DETECTORS])
+    for step, metrics in case.steps:
+        engine.update(step, metrics, case.samples.get(step, []))
+    return Outcome([(f.detector, f.severity, f.step, f.variant, f.message) for f in engine.findings if f.severity in ALARM])
+
+
+def rlwatch_kwargs(metrics: dict) -> dict:
+    out = {}
+    for name, candidates in RLWATCH_MAP.items():
+        for c in candidates:
+            if c in metrics:
+                out[name] = metrics[c]
+                break
+    return out
+
+
+def new_rlwatch(rlwatch, log_dir: str, run_id: str):
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        return rlwatch.attach(framework="manual", run_id=run_id, storage={"log_dir": log_dir})
+
+
+def run_rlwatch(rlwatch, case: Case, log_dir: str, idx: int) -> Outcome:
+    mon = new_rlwatch(rlwatch, log_dir, f"bench{idx}")
+    out = Outcome()
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        for step, metrics in case.steps:
+            kw = rlwatch_kwargs(metrics)
+            if not kw:
+                continue
+            for a in mon.log_step(step, **kw) or []:
+                out.alarms.append((a.detector, a.severity, a.step, None, f"{a.message} {a.recommendation}"))
+        mon.stop()
+    return out
+
+
+def advice_variant(text: str) -> str | None:
+    low = text.lower()
+    for v, words in VARIANT_WORDS.items():
+        if any(w in low for w in words):
+            return v
+    return None
+
+
+def score(case: Case, out: Outcome, ours: bool) -> dict:
+    labels = case.labels
+    expect = labels.get("expect") or []
+    res: dict[str, Any] = {"healthy": not expect}
+    if not expect:
+        res["false_alarm"] = bool(out.alarms)
+        return res
+    exp = expect[0]
+    res["variant_named"] = labels.get("variant") is not None
+    hits = [a for a in out.alarms if a[0] == exp] if ours else list(out.alarms)
+    res["detected"] = bool(hits)
+    if hits:
+        first = hits[0]
+        res["delay_steps"] = first[2] - labels["fail"]
+        res["delay_points"] = res["delay_steps"] / max(case.logging_gap, 1.0)
+        res["in_time"] = first[2] <= labels["fail"]
+        variant = first[3] if ours else advice_variant(first[4])
+        res["variant_ok"] = variant == labels.get("variant")
+    else:
+        res.update(in_time=False, variant_ok=False)
+    if ours:
+        tolerated = set(expect) | set(labels.get("allow") or [])
+        res["unexpected"] = sorted({a[0] for a in out.alarms if a[0] not in tolerated})
+    return res
+
+
+def summarise(rows: list[dict]) -> dict:
+    fail = [r for r in rows if not r["healthy"]]
+    healthy = [r for r in rows if r["healthy"]]
+    delays = [r["delay_steps"] for r in fail if "delay_steps" in r]
+    delay_pts = [r["delay_points"] for r in fail if "delay_points" in r]
+    return {
+        "failure_runs": len(fail),
+        "detected": sum(r["detected"] for r in fail),
+        "in_time": sum(r["in_time"] for r in fail),
+        "variant_ok": sum(r["variant_ok"] for r in fail if r["variant_named"]),
+        "variant_runs": sum(r["variant_named"] for r in fail),
+        "healthy_runs": len(healthy),
+        "false_alarm_runs": sum(r["false_alarm"] for r in healthy),
+        "median_delay_steps": statistics.median(delays) if delays else None,
+        "median_delay_points": statistics.median(delay_pts) if delay_pts else None,
+        "max_delay_steps": max(delays) if delays else None,
+        "unexpected_alarm_runs": sum(bool(r.get("unexpected")) for r in fail),
+    }
+
+
+# --- cost ---------------------------------------------------------------------------------------
+
+def stationary_stream(n: int):
+    """A long healthy stream: the settled part of a healthy run, tiled, with fresh step numbers."""
+    run = generate("healthy_fast_drop", seed=0, logging_steps=1)
+    body = [m for s, m in run.steps if s > 100]
+    batch = run.samples[run.steps[-1][0]]
+    for i in range(n):
+        yield i + 1, body[i % len(body)], batch
+
+
+def measure_cost(history: int, rlwatch, log_dir: str, window: int = 1000) -> dict:
+    ctx = generate("healthy_fast_drop", seed=0, logging_steps=1, with_samples=False).context
+    engine = Engine(ctx, [cls() for cls in ALL_DETECTORS])
+    mon = new_rlwatch(rlwatch, log_dir, "cost") if rlwatch else None
+    early = (1000, 1000 + window)
+    late = (history - window, history)
+    ours_t: dict[str, list[float]] = {"early": [], "late": []}
+    rlw_t: dict[str, list[float]] = {"early": [], "late": []}
+    pc = time.perf_counter
+    sink = io.StringIO()
+    with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
+        for step, metrics, _ in stationary_stream(history):
+            t0 = pc()
+            engine.update(step, metrics, ())
+            t1 = pc()
+            if mon is not None:
+                mon.log_step(step, **rlwatch_kwargs(metrics))
+            t2 = pc()
+            for name, (a, b) in (("early", early), ("late", late)):
+                if a <= step < b:
+                    ours_t[name].append(t1 - t0)
+                    rlw_t[name].append(t2 - t1)
+        if mon is not None:
+            mon.stop()
+    # The same history followed by sample batches (32 completions per step, as the reward tap sends).
+    samples_t: dict[str, list[float]] = {}
+    for name, warm in (("early", 1000), ("late", history - window)):
+        eng = Engine(ctx, [cls() for cls in ALL_DETECTORS])
+        stream = stationary_stream(warm + window)
+        for step, metrics, batch in stream:
+            if step <= warm:
+                eng.update(step, metrics, ())
+                continue
+            t0 = pc()
+            eng.update(step, metrics, batch)
+            samples_t.setdefault(name, []).append(pc() - t0)
+    med = lambda xs: statistics.median(xs) * 1e6 if xs else None
+    return {
+        "ours_early_us": med(ours_t["early"]),
+        "ours_late_us": med(ours_t["late"]),
+        "rlwatch_early_us": med(rlw_t["early"]) if mon is not None else None,
+        "rlwatch_late_us": med(rlw_t["late"]) if mon is not None else None,
+        "ours_samples_early_us": med(samples_t.get("early", [])),
+        "ours_samples_late_us": med(samples_t.get("late", [])),
+        "history": history,
+    }
+
+
+# --- report -------------------------------------------------------------------------------------
+
+def fmt(x, digits=1):
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def render(ours: dict, rlw: dict | None, per_case: list[tuple[Case, dict, dict | None]], cost: dict, seeds: int,
+           rl_where: str | None, elapsed: float) -> str:
+    def frac(a, b):
+        return f"{a}/{b}"
+
+    lines = [
+        "## Detection quality and detector cost (`benchmarks/detection.py`)",
+        "",
+        (f"_{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {platform.system()} {platform.machine()} "
+         f"(`uname -m` {os.uname().machine}), {os.cpu_count()} CPUs, Python {platform.python_version()} · "
+         f"rlwatch 0.5.1 from {rl_where or 'nowhere (not installed)'} · {elapsed:.0f} s_"),
+        "",
+        (f"Labelled set: {len(CASES)} synthetic cases ({len(HEALTHY)} healthy, {len(FAILURES)} failing) × logging_steps 1 and 10 "
+         f"× {seeds} seeds, plus {sum(1 for c, _, _ in per_case if c.kind == 'real')} public runs. Ours: the expected detector "
+         "must raise a warning/critical; rlwatch (default config, its TRL callback's metric mapping): any alert counts. "
+         "Variant correct is counted over the failure runs whose label names a variant."),
+        "",
+        "| | grpo-monitor | rlwatch 0.5.1 |",
+        "|---|---|---|",
+        f"| failure runs detected | {frac(ours['detected'], ours['failure_runs'])} | {frac(rlw['detected'], rlw['failure_runs']) if rlw else 'n/a'} |",
+        f"| detected in time (≤ labelled failure step) | {frac(ours['in_time'], ours['failure_runs'])} | {frac(rlw['in_time'], rlw['failure_runs']) if rlw else 'n/a'} |",
+        f"| variant correct | {frac(ours['variant_ok'], ours['variant_runs'])} | {frac(rlw['variant_ok'], rlw['variant_runs']) if rlw else 'n/a'} |",
+        f"| false-alarm runs (healthy) | {frac(ours['false_alarm_runs'], ours['healthy_runs'])} | {frac(rlw['false_alarm_runs'], rlw['healthy_runs']) if rlw else 'n/a'} |",
+        (f"| median delay, steps (logged points) | {fmt(ours['median_delay_steps'])} ({fmt(ours['median_delay_points'])}) | "
+         f"{fmt(rlw['median_delay_steps']) if rlw else 'n/a'} ({fmt(rlw['median_delay_points']) if rlw else 'n/a'}) |"),
+        f"| worst delay, steps | {fmt(ours['max_delay_steps'])} | {fmt(rlw['max_delay_steps']) if rlw else 'n/a'} |",
+        f"| failure runs with an unexpected extra alarm | {frac(ours['unexpected_alarm_runs'], ours['failure_runs'])} | n/a |",
+        "",
+        "Per-update cost (median µs, same process, interleaved step by step on one stationary healthy stream):",
+        "",
+        "| | at 1k steps of history | at {:,} steps | ratio |".format(cost["history"]),
+        "|---|---|---|---|",
+    ]
+    r_ours = cost["ours_late_us"] / cost["ours_early_us"] if cost["ours_early_us"] else None
+    r_s = (cost["ours_samples_late_us"] / cost["ours_samples_early_us"]) if cost["ours_samples_early_us"] else None
+    r_rl = (cost["rlwatch_late_us"] / cost["rlwatch_early_us"]) if cost.get("rlwatch_early_us") else None
+    lines += [
+        f"| grpo-monitor, all {len(ALL_DETECTORS)} detectors, metrics only | {fmt(cost['ours_early_us'])} | {fmt(cost['ours_late_us'])} | {fmt(r_ours, 2)} |",
+        f"| grpo-monitor, plus a 32-completion sample batch per step | {fmt(cost['ours_samples_early_us'])} | {fmt(cost['ours_samples_late_us'])} | {fmt(r_s, 2)} |",
+        f"| rlwatch `log_step` (7 detectors + SQLite write) | {fmt(cost.get('rlwatch_early_us'))} | {fmt(cost.get('rlwatch_late_us'))} | {fmt(r_rl, 2)} |",
+        "",
+    ]
+    targets = []
+    all_variants = all(r.get("variant_ok") for _, r, _ in per_case if not r["healthy"])
+    targets.append(("all labelled cases pass (detected in time, variant right, no unexpected alarm)",
+                    ours["in_time"] == ours["failure_runs"] and all_variants and ours["unexpected_alarm_runs"] == 0))
+    targets.append(("no false alarm on healthy runs", ours["false_alarm_runs"] == 0))
+    targets.append(("median delay ≤ 0", ours["median_delay_steps"] is not None and ours["median_delay_steps"] <= 0))
+    if rlw:
+        targets.append(("fewer false alarms than rlwatch", ours["false_alarm_runs"] < rlw["false_alarm_runs"]))
+        targets.append(("more correct variants than rlwatch", ours["variant_ok"] > rlw["variant_ok"]))
+    targets.append(("cost ratio 100k/1k ≤ 1.5", r_ours is not None and r_ours <= 1.5))
+    if cost.get("rlwatch_late_us"):
+        targets.append(("our metrics-only update not above rlwatch's log_step (at 1k and at the long history)",
+                        cost["ours_early_us"] <= cost["rlwatch_early_us"] and cost["ours_late_us"] <= cost["rlwatch_late_us"]))
+    lines += ["Targets: " + "; ".join(f"{t}: {'met' if ok else 'NOT met'}" for t, ok in targets) + ".", ""]
+    # Per-case detail for the public runs and any miss.
+    lines += ["| run | expected | grpo-monitor: first alarm(s) | rlwatch: first alert(s) |", "|---|---|---|---|"]
+    for case, r_ours_case, r_rl_case in per_case:
+        show = case.kind == "real" or (not r_ours_case["healthy"] and not r_ours_case.get("in_time")) or r_ours_case.get("false_alarm") \
+            or r_ours_case.get("unexpected")
+        if not show:
+            continue
+        exp = ", ".join(case.labels.get("expect") or []) or "nothing (healthy)"
+        if case.labels.get("fail") is not None:
+            exp += f" by step {case.labels['fail']}"
+        lines.append(f"| {case.name} | {exp} | {r_ours_case.get('_first', '—')} | {r_rl_case.get('_first', '—') if r_rl_case else 'n/a'} |")
+    return "\n".join(lines) + "\n"
+
+
+def first_alarms(out: Outcome, k: int = 3) -> str:
+    seen, parts = set(), []
+    for det, sev, step, variant, _ in out.alarms:
+        if (det, sev) in seen:
+            continue
+        seen.add((det, sev))
+        parts.append(f"{det} {sev} @{step}" + (f" ({variant})" if variant else ""))
+        if len(parts) >= k:
+            break
+    return "; ".join(parts) or "none"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--history", type=int, default=100_000)
+    ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    rlwatch, where = import_rlwatch()
+    cases = load_cases(args.seeds)
+    rows_ours, rows_rl, per_case = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, case in enumerate(cases):
+            o = run_ours(case)
+            so = score(case, o, ours=True)
+            so["_first"] = first_alarms(o)
+            rows_ours.append(so)
+            sr = None
+            if rlwatch is not None:
+                r = run_rlwatch(rlwatch, case, os.path.join(tmp, f"r{i}"), i)
+                sr = score(case, r, ours=False)
+                sr["_first"] = first_alarms(r)
+                rows_rl.append(sr)
+            per_case.append((case, so, sr))
+        cost = measure_cost(args.history, rlwatch, os.path.join(tmp, "cost"))
+    ours = summarise(rows_ours)
+    rlw = summarise(rows_rl) if rows_rl else None
+    body = render(ours, rlw, per_case, cost, args.seeds, where, time.time() - t0)
+    print(body)
+    if not args.no_write:
+        update_section("detection", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

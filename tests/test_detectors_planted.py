@@ -1,0 +1,205 @@
+"""Each detector on runs with a planted failure (it must fire, with its variant, by the labelled
+step) and on healthy runs of many shapes (nothing may fire), replayed through the real engine at
+``logging_steps`` 1 and 10; plus the traps real logs set for metric-based detectors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from detectors import (
+    ALL_DETECTORS,
+    DegenerateLongCot,
+    EntropyCollapse,
+    MoeInstability,
+    NoLearningSignal,
+    NonFinite,
+)
+from detectors.base import RunContext
+from detectors.moe_model_detected import MoeModelDetected
+from detectors.reward_component_divergence import RewardComponentDivergence
+from detectors.variants import VARIANT_PRESETS
+from fixtures.synthetic import FAILURES, HEALTHY, generate
+from monitor.engine import Engine
+
+SEEDS = (0, 1, 2)
+
+
+def replay(run):
+    engine = Engine(run.context, [cls() for cls in ALL_DETECTORS])
+    for step, metrics in run.steps:
+        engine.update(step, metrics, run.samples.get(step, []))
+    return engine.findings
+
+
+def alarms(findings):
+    return [f for f in findings if f.severity in ("warning", "critical")]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("logging_steps", (1, 10))
+@pytest.mark.parametrize("name", FAILURES)
+def test_planted_failure_is_found_in_time_with_its_variant(name, logging_steps, seed):
+    run = generate(name, seed=seed, logging_steps=logging_steps)
+    found = alarms(replay(run))
+    labels = run.labels
+    for expected in labels["expect"]:
+        hits = [f for f in found if f.detector == expected]
+        assert hits, f"{expected} not raised on {name}"
+        first = hits[0]
+        assert first.step <= labels["fail"], f"{expected} raised at {first.step}, after the failure was plain at {labels['fail']}"
+        assert first.variant == labels["variant"]
+        if first.variant:
+            assert set(VARIANT_PRESETS[first.variant]) <= set(first.config_overrides)
+    tolerated = set(labels["expect"]) | set(labels.get("allow", []))
+    assert [f.detector for f in found if f.detector not in tolerated] == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("logging_steps", (1, 10))
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_run_raises_no_alarm(name, logging_steps, seed):
+    run = generate(name, seed=seed, logging_steps=logging_steps)
+    found = replay(run)
+    assert [(f.detector, f.severity, f.step) for f in alarms(found)] == []
+    if run.context.is_moe:
+        assert [f.detector for f in found] == ["moe_model_detected"]
+
+
+# --- traps -----------------------------------------------------------------------------------------
+
+def _feed(det, series, context=None, samples=None):
+    det.start(context or RunContext())
+    out = []
+    for step, m in series:
+        out += det.update(step, m, (samples or {}).get(step, []))
+    return out
+
+
+def _healthy_metrics(step: int, h: float) -> dict:
+    return {"entropy": h, "frac_reward_zero_std": 0.05, "reward_std": 0.4, "reward": 0.5 + 0.001 * (step % 5),
+            "completions/mean_length": 200.0, "completions/clipped_ratio": 0.02}
+
+
+def test_normal_early_entropy_drop_is_not_a_collapse():
+    # 73% of the entropy spent in the first 1/12 of training, as in healthy runs, with the
+    # diversity signals that a rising accuracy brings.
+    series = []
+    for step in range(1, 601):
+        h = 0.3 + 2.7 * math.exp(-step / 12)
+        m = _healthy_metrics(step, h)
+        m["frac_reward_zero_std"] = 0.05 + 0.4 * step / 600
+        series.append((step, m))
+    assert _feed(EntropyCollapse(), series) == []
+
+
+@pytest.mark.parametrize("direction", (0.05, 20.0))
+def test_one_step_entropy_spikes_do_not_fire(direction):
+    series = []
+    for step in range(1, 301):
+        h = 0.4 * (direction if step % 37 == 0 else 1.0)
+        m = _healthy_metrics(step, h)
+        if step % 37 == 0:
+            m.update({"frac_reward_zero_std": 1.0, "reward_std": 0.0, "completions/clipped_ratio": 1.0,
+                      "completions/mean_length": 1024.0, "reward": 0.0})
+        series.append((step, m))
+    ctx = RunContext(config={"max_completion_length": 1024})
+    for det in (EntropyCollapse(), DegenerateLongCot(), NoLearningSignal()):
+        assert _feed(det, series, ctx) == [], det.id
+
+
+def test_masked_truncation_zero_entropy_is_a_gap_not_a_collapse():
+    # mask_truncated_completions=True with every completion truncated logs entropy exactly 0.0.
+    series = []
+    for step in range(1, 201):
+        m = _healthy_metrics(step, 0.4)
+        if 100 <= step < 106:
+            m.update({"entropy": 0.0, "grad_norm": 0.0, "completions/clipped_ratio": 1.0, "clip_ratio/low_min": None})
+        series.append((step, m))
+    assert _feed(EntropyCollapse(), series, RunContext(config={"mask_truncated_completions": True})) == []
+
+
+def test_random_init_model_at_the_length_cap_from_the_start_is_not_degenerating():
+    series = [(s, {"entropy": 5.8 + 0.01 * (s % 3), "completions/mean_length": 64.0, "completions/clipped_ratio": 1.0,
+                   "reward": 0.0}) for s in range(1, 201)]
+    assert _feed(DegenerateLongCot(), series, RunContext(config={"max_completion_length": 64})) == []
+
+
+def test_continuous_reward_zero_std_share_stays_silent():
+    run = generate("healthy_continuous", seed=0)
+    assert all(m.get("frac_reward_zero_std") in (0.0, None) for _, m in run.steps)
+    assert _feed(NoLearningSignal(), run.steps, run.context) == []
+
+
+def test_moe_instability_never_fires_on_a_dense_run_with_the_same_symptoms():
+    run = generate("moe_instability", seed=0)
+    dense = [(s, {k: v for k, v in m.items() if k != "aux_loss" and not k.startswith("moe/")}) for s, m in run.steps]
+    ctx = RunContext(config=run.context.config, model={"is_moe": False})
+    assert _feed(MoeInstability(), dense, ctx) == []
+    assert _feed(MoeModelDetected(), dense, ctx) == []
+    # The same run with its MoE facts is caught.
+    assert _feed(MoeInstability(), run.steps, run.context)
+
+
+def test_moe_is_recognised_from_logged_metrics_alone():
+    run = generate("moe_instability_no_routing", seed=0)
+    found = _feed(MoeInstability(), run.steps, RunContext())
+    assert found and found[0].variant == "gspo"
+    [info] = _feed(MoeModelDetected(), run.steps, RunContext())
+    assert info.severity == "info" and info.variant == "gspo" and info.evidence["source"] == "logged MoE metrics"
+
+
+def test_moe_model_detected_says_whether_the_run_already_uses_gspo():
+    ctx = RunContext(model={"is_moe": True, "num_experts": 8, "top_k": 2},
+                     config={"importance_sampling_level": "sequence", "gradient_accumulation_steps": 1})
+    [f] = _feed(MoeModelDetected(), [(1, {"loss": 0.1}), (2, {"loss": 0.1})], ctx)
+    assert f.severity == "info" and f.variant is None and f.config_overrides == {} and "already uses GSPO" in f.message
+    ctx.config["importance_sampling_level"] = "token"
+    [f] = _feed(MoeModelDetected(), [(1, {"loss": 0.1})], ctx)
+    assert f.variant == "gspo" and f.config_overrides["importance_sampling_level"] == "sequence"
+
+
+def test_entropy_collapse_reports_the_entropy_performance_ceiling():
+    run = generate("entropy_collapse", seed=0)
+    found = _feed(EntropyCollapse(), run.steps, run.context, run.samples)
+    fit = found[0].evidence["entropy_performance_fit"]
+    assert fit["a"] > 0 and math.isfinite(fit["predicted_ceiling"])
+    assert "frac_reward_zero_std_up" in found[-1].evidence["corroborated_by"]
+
+
+def test_entropy_collapse_sees_identical_completions_in_samples():
+    run = generate("entropy_collapse", seed=0)
+    found = _feed(EntropyCollapse(), run.steps, run.context, run.samples)
+    assert any("identical_completions" in f.evidence["corroborated_by"] for f in found)
+
+
+def test_degenerate_long_cot_advice_and_repetition_evidence():
+    run = generate("degenerate_long_cot", seed=0)
+    found = _feed(DegenerateLongCot(), run.steps, run.context, run.samples)
+    crit = next(f for f in found if f.severity == "critical")
+    assert "repetition" in crit.evidence["signals"]
+    assert "get_soft_overlong_punishment(max_completion_len=1024" in crit.evidence["extra_advice"]["reward_funcs"]
+    assert crit.config_overrides["mask_truncated_completions"] is True
+    assert "reward_funcs" not in crit.config_overrides
+
+
+def test_length_coupling_uses_samples_as_corroboration():
+    run = generate("length_coupling", seed=0)
+    found = [f for f in replay(run) if f.detector == "length_reward_coupling"]
+    assert "incorrect_grow_longer" in found[-1].evidence["corroborated_by"]
+
+
+def test_format_rising_with_correctness_is_not_divergence():
+    series = [(s, {"rewards/correctness_reward/mean": 0.2 + 0.6 * min(1, s / 150), "rewards/format_reward/mean": 0.1 + 0.85 * min(1, s / 100)})
+              for s in range(1, 301)]
+    ctx = RunContext(correctness_reward="correctness_reward")
+    assert _feed(RewardComponentDivergence(), series, ctx) == []
+
+
+def test_non_finite_none_is_a_gap_and_nan_is_evidence():
+    series = [(s, {"loss": None, "grad_norm": None, "entropy": None}) for s in range(1, 20)]
+    assert _feed(NonFinite(), series) == []
+    found = _feed(NonFinite(), [(1, {"loss": 0.1}), (2, {"grad_norm": math.inf, "loss": 0.1}), (3, {"loss": 0.2}),
+                                (4, {"loss": 0.1})])
+    assert [(f.severity, f.step) for f in found] == [("warning", 2)]
