@@ -143,12 +143,9 @@ class EntropyCollapse(EpisodeDetector):
         h = self.entropy.push_metrics(step, metrics)
         early = False
         if h is not None and freeze_from is None and self.entropy.base_step is None:
-            er = self.entropy.early_ratio(self.clock.points())
-            if er is not None and er <= self.early_ratio and h <= self.early_ratio * (self.entropy.early or 0.0):
-                # Entropy fell by an order of magnitude before it ever settled: a collapse from the
-                # start. The first points are the only healthy reference there is.
-                self.entropy.force_early(step)
-                early = True
+            # Entropy fell by an order of magnitude before it ever settled: a collapse from the
+            # start. The first points are the only healthy reference there is.
+            early = self.entropy.force_if_moved(step, self.clock.points(), low=self.early_ratio)
         if self.entropy.base_step is not None and freeze_from is None:
             if early:
                 for c in (self.zero_std, self.reward_std, self.dup):

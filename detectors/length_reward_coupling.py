@@ -128,7 +128,8 @@ class LengthRewardCoupling(EpisodeDetector):
             self.len_incorrect.push(step, sum(bad) / len(bad))
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        self.entropy.push_metrics(step, metrics)
+        if self.entropy.push_metrics(step, metrics) is not None:
+            self.entropy.force_if_moved(step, 2, high=2.5)
         c = get(metrics, "completions/clipped_ratio")
         if c is not None:
             self.clipped.push(step, c)

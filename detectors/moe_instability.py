@@ -15,7 +15,7 @@ from typing import Any
 
 from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.stats import MAD_SCALE, Window, fin, mad_sigma, median, quantile
+from detectors.stats import Window, fin, mad_sigma, median, quantile
 
 
 class _Baselined:
@@ -34,11 +34,26 @@ class _Baselined:
         self.base: float | None = None
         self.spread: float | None = None
         self.q90: float | None = None
+        # The first points (within five steps of the start): a provisional reference for runs
+        # that break before a baseline can be taken.
+        self.first: list[float] = []
+        self.seen = 0
+
+    def ref(self) -> tuple[float, float, float, bool] | None:
+        """(level, spread, upper tail, provisional) to compare with, or None while there is none."""
+        if self.base is not None:
+            return self.base, self.spread or 0.0, self.q90 if self.q90 is not None else self.base, False
+        if self.first and self.seen >= len(self.first) + 2:
+            return median(self.first), 0.0, max(self.first), True
+        return None
 
     def push(self, step: int, v: float) -> None:
         if self.first_step is None:
             self.first_step = step
         self.recent.push(step, v)
+        self.seen += 1
+        if len(self.first) < 3 and step - self.first_step < 5:
+            self.first.append(v)
         if self.base is None and step - self.first_step >= self.skip_steps:
             if self.base_first is None:
                 self.base_first = step
@@ -169,7 +184,7 @@ class MoeInstability(EpisodeDetector):
             pushed = True
         if not pushed:
             return None
-        if not any(t.ready for t in (self.clip, self.grad, self.aux, self.is_max, self.flip)):
+        if not any(t.ref() for t in (self.clip, self.grad, self.aux, self.is_max, self.flip)):
             return Assessment(warming_up=True)
         return self._judge(step)
 
@@ -186,50 +201,64 @@ class MoeInstability(EpisodeDetector):
         k = self.clock.points()
         # On coarse logs each point already averages many steps: one high point is a burst.
         bursts_needed = 2 if k >= 3 else 1
-        if self.flip.ready:
+        provisional = False
+        ref = self.flip.ref()
+        if ref:
+            b, sp, _, prov = ref
+            provisional |= prov
             r = median(self.flip.recent.last(2))
-            b, sp = self.flip.base or 0.0, max(self.flip.spread or 0.0, 0.1 * (self.flip.base or 0.0), 1e-4)
-            ev["flip_rate"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(max(1.5 * b, b + 4 * sp))}
-            if r >= max(1.5 * b, b + 4 * sp) * relax:
+            sp = max(sp, 0.1 * b, 1e-4)
+            need = 2.0 * b if prov else max(1.5 * b, b + 4 * sp)
+            ev["flip_rate"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(need)}
+            if r >= need * relax:
                 signals.append("flip_rate_up")
-        if self.clip.ready:
+        ref = self.clip.ref()
+        if ref:
+            _, _, bq, prov = ref
+            provisional |= prov
             vals = self._recent(self.clip, step, 4)
             q = quantile(vals, 0.9)
-            bq = self.clip.q90 or 0.0
-            need = max(1.75 * bq, bq + 0.05)
+            need = max(3.0 * bq, bq + 0.15) if prov else max(1.75 * bq, bq + 0.05)
             ev["clip_fraction"] = {"recent_q90": fin(q), "baseline_q90": fin(bq), "threshold": fin(need)}
             # Bursty: the upper tail moved, on more than one point.
             if q >= need * relax and sum(1 for v in vals if v >= need * relax) >= bursts_needed:
                 signals.append("clip_bursts")
-        if self.is_max.ready:
+        ref = self.is_max.ref()
+        if ref:
+            b, _, _, prov = ref
+            provisional |= prov
             vals = self._recent(self.is_max, step, 2)
             r = median(vals[-k:])
-            b = max(self.is_max.base or 0.0, 1e-6)
-            ev["importance_ratio_max"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(3 * b)}
-            if r >= 3 * b * relax:
+            need = max(b, 1e-6) * (5.0 if prov else 3.0)
+            ev["importance_ratio_max"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(need)}
+            if r >= need * relax:
                 signals.append("importance_ratio_extremes")
-        if self.grad.ready:
+        ref = self.grad.ref()
+        if ref:
+            b, sp, _, prov = ref
+            provisional |= prov
             vals = self._recent(self.grad, step, 3)
-            b = self.grad.base or 0.0
-            sp = max(self.grad.spread or 0.0, 0.05)
+            sp = max(sp, 0.05)
             # A spike is both far out in the run's own noise and a large factor in absolute terms.
-            cut = max(self.spike_z * sp, math.log(self.spike_factor)) * relax
-            spikes = sum(1 for v in vals if v - b >= cut)
+            cut = math.log(10.0) if prov else max(self.spike_z * sp, math.log(self.spike_factor))
+            spikes = sum(1 for v in vals if v - b >= cut * relax)
             ev["grad_norm"] = {"spikes_in_window": spikes, "baseline": fin(math.exp(b)), "robust_z_threshold": self.spike_z,
-                               "log_mad_sigma": fin(sp)}
+                               "log_mad_sigma": fin(sp), "spike_factor": fin(math.exp(cut))}
             if spikes >= 2:
                 signals.append("grad_norm_spikes")
-        if self.aux.ready:
+        ref = self.aux.ref()
+        if ref:
+            b, sp, _, prov = ref
+            provisional |= prov
             r = median(self.aux.recent.last(k))
-            b = self.aux.base or 0.0
-            sp = max(self.aux.spread or 0.0, 0.01 * abs(b), 1e-6)
-            need = b + max(4 * sp, 0.15 * abs(b))
-            ev["aux_loss"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(need),
-                              "robust_z": fin((r - b) / sp)}
+            sp = max(sp, 0.01 * abs(b), 1e-6)
+            need = b + (0.3 * abs(b) if prov else max(4 * sp, 0.15 * abs(b)))
+            ev["aux_loss"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(need), "robust_z": fin((r - b) / sp)}
             if r >= b + (need - b) * relax:
                 signals.append("aux_loss_drift")
         ev["signals"] = signals
-        ev["mad_scale"] = MAD_SCALE
+        if provisional:
+            ev["reference"] = "first logged points (no settled baseline yet)"
         level = 0
         if len(signals) >= self.min_signals:
             level = 1

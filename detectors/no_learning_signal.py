@@ -76,7 +76,8 @@ class NoLearningSignal(EpisodeDetector):
         return out, measured
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        self.entropy.push_metrics(step, metrics)
+        if self.entropy.push_metrics(step, metrics) is not None:
+            self.entropy.force_if_moved(step, 2, low=self.defer_low, high=self.defer_high)
         conds, measured = self._conditions(metrics)
         if not measured:
             return None
@@ -99,8 +100,8 @@ class NoLearningSignal(EpisodeDetector):
         if not run and not self.in_episode:
             return Assessment(level=0, evidence=ev)
         deferred = None
-        if self.entropy.ready:
-            ratio = self.entropy.ratio(2) or 1.0
+        ratio = self.entropy.ratio(2)
+        if ratio is not None:
             ev["entropy_ratio_to_baseline"] = fin(ratio)
             if ratio >= self.defer_high:
                 deferred = "degenerate_long_cot"

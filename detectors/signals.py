@@ -154,7 +154,9 @@ class LevelTrack:
         w.steps.append(step)
         w.values.append(v)
         if self.baseline.value is None:
-            if len(self.first) < 3:
+            # The first points within a few steps of the start: three on fine logs, one on coarse
+            # logs (where the third point may already be deep into an early failure).
+            if len(self.first) < 3 and (not self.first_steps or step - self.first_steps[0] < 5):
                 self.first.append(v)
                 self.first_steps.append(step)
             if self.baseline.push(v, step):
@@ -171,6 +173,21 @@ class LevelTrack:
         if r is None or e is None or self.baseline.value is not None or len(self.window) < len(self.first) + k:
             return None
         return math.exp(log_ratio(r, e))
+
+    def force_if_moved(self, step: int, k: int, low: float | None = None, high: float | None = None) -> bool:
+        """Freeze the baseline at the first points' level when, before settling, the recent median
+        and the latest point have fallen to ``low`` or risen to ``high`` times that level."""
+        if self.baseline.value is not None or not self.window.values:
+            return False
+        er = self.early_ratio(k)
+        e = self.early or 0.0
+        last = self.window.values[-1]
+        if er is None:
+            return False
+        if (low is not None and er <= low and last <= low * e) or (high is not None and er >= high and last >= high * e):
+            self.force_early(step)
+            return True
+        return False
 
     def force_early(self, step: int) -> None:
         """Freeze the baseline at the first points' level: the series moved far before settling."""

@@ -30,7 +30,7 @@ def main() -> None:
     from trl import GRPOConfig
 
     from callbacks import attach
-    from monitor.demo import SCENARIOS, build_trainer, demo_settings, scenario_rewards
+    from monitor.demo import SCENARIOS, build_scenario_trainer, demo_settings
     from monitor.restart import patched_args
 
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -43,9 +43,10 @@ def main() -> None:
     script, args = parser.parse_args_into_dataclasses()
     args = patched_args(args)  # no-op unless relaunched with GRPO_MONITOR_OVERRIDES and no flags applied
 
-    trainer = build_trainer(args, moe=script.moe, reward_funcs=scenario_rewards(script.scenario))
+    trainer = build_scenario_trainer(args, script.scenario, moe=script.moe)
     attach(trainer)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    print(f"rank {args.process_index}: trained to step {trainer.state.global_step}", flush=True)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,15 @@ def build_trainer(args: Any, moe: bool = False, reward_funcs: Any = None, warm_s
     )
 
 
+def build_scenario_trainer(args: Any, scenario: str = "healthy", moe: bool = False):
+    """The tiny-model trainer of a scenario: its reward functions and its mid-run switch."""
+    spec = SCENARIOS[scenario]
+    trainer = build_trainer(args, moe=moe, reward_funcs=scenario_rewards(scenario))
+    if spec["switch"]:
+        trainer.add_callback(_scenario_switch(trainer, spec["switch"]))
+    return trainer
+
+
 def run_demo(
     run_dir: str | os.PathLike[str] | None = None,
     steps: int | None = None,
@@ -130,17 +139,14 @@ def run_demo(
     steps = steps or spec["steps"]
     root = Path(run_dir) if run_dir else Path("runs") / time.strftime(f"demo-{scenario}-%Y%m%d-%H%M%S")
     args = demo_config(root / "trainer", steps, report_to=report_to, **spec["config"])
-    rewards = scenario_rewards(scenario)
     if not quiet:
         print(f"grpo-monitor demo: scenario '{scenario}' — {spec['what']}"
               + (f"; auto-restart on (max {max_restarts})" if auto_restart else ""), flush=True)
 
     def make_trainer(a: Any) -> Any:
-        trainer = build_trainer(a, moe=moe, reward_funcs=rewards)
+        trainer = build_scenario_trainer(a, scenario, moe=moe)
         for cb in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(cb)
-        if spec["switch"]:
-            trainer.add_callback(_scenario_switch(trainer, spec["switch"]))
         if not quiet:
             trainer.add_callback(_progress_callback(steps))
         return trainer

@@ -161,6 +161,9 @@ class RunWriter:
 def _decode_metrics(metrics: Any) -> dict[str, float | None]:
     if not isinstance(metrics, Mapping):
         return {}
+    values = metrics.values()
+    if all(v is None or type(v) is float for v in values):  # the common case: nothing to decode
+        return dict(metrics)
     return {str(k): decode(v) for k, v in metrics.items()}
 
 

@@ -108,7 +108,7 @@ def as_step(value: Any) -> int | None:
     if isinstance(value, str):
         text = value.strip()
         try:
-            return int(text)
+            return as_step(int(text))
         except ValueError:
             x = to_value(text)
             return as_step(x) if x is not None else None
