@@ -273,8 +273,8 @@ def measure_cost(history: int, rlwatch, log_dir: str, window: int = 1000) -> dic
 def fmt(x, digits=1):
     if x is None:
         return "n/a"
-    if isinstance(x, float):
-        return f"{x:.{digits}f}"
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return f"{float(x):.{digits}f}"
     return str(x)
 
 

@@ -99,6 +99,9 @@ class Detector(abc.ABC):
 
     id: str = ""
     variant: str | None = None
+    # For dashboards: "warming_up", "ok", "warning" or "critical", and the numbers behind it.
+    state: str = "ok"
+    last_evidence: dict[str, Any] = {}
 
     def __init__(self) -> None:
         self.context = RunContext()

@@ -112,11 +112,11 @@ class DegenerateLongCot(EpisodeDetector):
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         h = self.entropy.push_metrics(step, metrics)
         self._saw_entropy = self._saw_entropy or h is not None
-        if h is not None and not self.entropy.ready:
-            # Entropy exploded before it ever settled: the first points are the healthy reference.
-            if self.entropy.force_if_moved(step, self.clock.points(), high=1.5 * self.entropy_ratio):
-                for track in (self.length, self.clipped, self.correct):
-                    track.force_early(step)
+        # Entropy exploded before it ever settled: the first points are the healthy reference.
+        if h is not None and not self.entropy.ready and self.entropy.force_if_moved(step, self.clock.points(),
+                                                                                      high=1.5 * self.entropy_ratio):
+            for track in (self.length, self.clipped, self.correct):
+                track.force_early(step)
         L = get(metrics, "completions/mean_length")
         if L is not None and L > 0:
             self.length.push(step, L)

@@ -58,10 +58,6 @@ def resolve_correctness(context: RunContext, keys: Iterable[str]) -> tuple[str, 
     return "reward", None
 
 
-def is_format_name(name: str) -> bool:
-    return bool(_FORMAT_HINT.search(name))
-
-
 def is_length_name(name: str) -> bool:
     return bool(_LENGTH_HINT.search(name)) and not _CORRECT_HINT.search(name)
 
@@ -240,21 +236,6 @@ class EntropyTrack(LevelTrack):
         return h
 
 
-def onset_from_window(steps: Sequence[int], flags: Sequence[bool]) -> int | None:
-    """The first step of the trailing run of True flags."""
-    onset = None
-    for s, f in zip(reversed(steps), reversed(flags)):
-        if not f:
-            break
-        onset = s
-    return onset
-
-
-def recent_median_of(values: Sequence[float], k: int) -> float | None:
-    vals = list(values)[-k:]
-    return median(vals) if vals else None
-
-
 class StepClock:
     """The typical spacing of logged points, so persistence can be asked for in points that
     mean the same on fine (every step) and coarse (every 5-10 steps) logs.
@@ -293,29 +274,3 @@ class StepClock:
         """``fine`` points on logs of every step or two, ``coarse`` on sparser logs (each point
         there already averages several steps, so one-step spikes are diluted)."""
         return fine if self.gap <= 2 else coarse
-
-
-class DiffNoise:
-    """Robust noise level of a series from its successive differences (insensitive to trends).
-
-    >>> n = DiffNoise(16)
-    >>> for v in [1.0, 1.1, 0.9, 1.0, 1.1, 0.9, 1.0]:
-    ...     n.push(v)
-    >>> round(n.sigma, 3)
-    0.105
-    """
-
-    def __init__(self, size: int = 32) -> None:
-        self.diffs: deque[float] = deque(maxlen=size)
-        self._last: float | None = None
-
-    def push(self, v: float) -> None:
-        if self._last is not None:
-            self.diffs.append(abs(v - self._last))
-        self._last = v
-
-    @property
-    def sigma(self) -> float:
-        if not self.diffs:
-            return 0.0
-        return 1.4826 * median(list(self.diffs)) / math.sqrt(2.0)

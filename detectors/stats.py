@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -289,68 +289,6 @@ class Window:
     @property
     def maxlen(self) -> int:
         return self.values.maxlen or 0
-
-
-class Ewma:
-    """Exponentially weighted mean and variance (West's incremental form)."""
-
-    __slots__ = ("alpha", "mean", "n", "var")
-
-    def __init__(self, alpha: float) -> None:
-        if not 0 < alpha <= 1:
-            raise ValueError("alpha must be in (0, 1]")
-        self.alpha = alpha
-        self.mean: float | None = None
-        self.var = 0.0
-        self.n = 0
-
-    def push(self, x: float) -> None:
-        self.n += 1
-        if self.mean is None:
-            self.mean = x
-            return
-        diff = x - self.mean
-        incr = self.alpha * diff
-        self.mean += incr
-        self.var = (1 - self.alpha) * (self.var + diff * incr)
-
-
-class PageHinkley:
-    """Page-Hinkley test for an upward shift of the mean (one-sided CUSUM on deviations).
-
-    >>> ph = PageHinkley(delta=0.1, threshold=1.0)
-    >>> [ph.push(x) for x in [0, 0, 0, 0, 1, 1, 1]]
-    [False, False, False, False, False, True, True]
-    """
-
-    __slots__ = ("cum", "delta", "mean", "min_cum", "n", "threshold")
-
-    def __init__(self, delta: float, threshold: float) -> None:
-        self.delta = delta
-        self.threshold = threshold
-        self.n = 0
-        self.mean = 0.0
-        self.cum = 0.0
-        self.min_cum = 0.0
-
-    def push(self, x: float) -> bool:
-        self.n += 1
-        self.mean += (x - self.mean) / self.n
-        self.cum += x - self.mean - self.delta
-        self.min_cum = min(self.min_cum, self.cum)
-        return self.cum - self.min_cum > self.threshold
-
-    @property
-    def statistic(self) -> float:
-        return self.cum - self.min_cum
-
-
-def finite_values(values: Iterable[object]) -> list[float]:
-    out = []
-    for v in values:
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            out.append(float(v))
-    return out
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
