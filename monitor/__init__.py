@@ -41,12 +41,23 @@ def attach(trainer: Any, run_dir: Any = None, **options: Any) -> Any:
 
 
 def load_run(path: Any):
-    """Any supported run (run directory, trainer_state.json, TensorBoard, CSV, JSONL) as a DataFrame."""
+    """Any supported run (run directory, trainer_state.json, TensorBoard, CSV, JSONL) as a DataFrame.
+
+    A run directory that was restarted gives all its segments, one after the other, with a
+    ``segment`` column (0 for the first).
+    """
+    from monitor.restart import lineage_dirs
     from monitor.runlog import is_run_dir
     from monitor.runlog import load_run as _load_run_dir
 
     if is_run_dir(path):
-        return _load_run_dir(path)
+        dirs = lineage_dirs(path)
+        if len(dirs) == 1:
+            return _load_run_dir(path)
+        import pandas as pd
+
+        frames = [_load_run_dir(d).assign(segment=i) for i, d in enumerate(dirs)]
+        return pd.concat(frames)
     from monitor.sources import load_source
 
     return load_source(path).frame()

@@ -101,11 +101,24 @@ def analyze_one(path: str | os.PathLike[str], detectors: Sequence[Any] | None = 
     )
 
 
+def expand_lineages(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Each path, and for a run directory that was restarted, each of its segments in order."""
+    from monitor.restart import lineage_dirs
+    from monitor.runlog import is_run_dir
+
+    out: list[str] = []
+    for p in paths:
+        out.append(str(p))
+        if is_run_dir(p):
+            out.extend(str(d) for d in lineage_dirs(p)[1:])
+    return out
+
+
 def analyze(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], detectors: Sequence[Any] | None = None) -> Report:
-    """Analyse one path or several; raises ``monitor.sources.SourceError`` on unusable input."""
+    """Analyse one path or several (a restarted run: every segment); raises ``monitor.sources.SourceError``."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return Report([analyze_one(p, detectors) for p in paths])
+    return Report([analyze_one(p, detectors) for p in expand_lineages(paths)])
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -216,7 +229,7 @@ def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = 
     from monitor.sources import SourceError
 
     runs = []
-    for p in paths:
+    for p in expand_lineages(paths):
         try:
             runs.append(analyze_one(p))
         except SourceError as exc:

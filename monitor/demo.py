@@ -21,10 +21,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "length": {"config": {"loss_type": "grpo", "max_completion_length": 64, "learning_rate": 1e-3},
                "extra_rewards": ["length_bonus_reward"], "steps": 150, "switch": None,
                "what": "a reward paying 0.05 per token under loss_type='grpo': length grows, correctness does not"},
-    "degenerate": {"config": {"entropy_coef": 1e-4, "max_completion_length": 32, "learning_rate": 3e-4,
+    "degenerate": {"config": {"entropy_coef": 1e-4, "max_completion_length": 16, "learning_rate": 3e-4,
                               "lr_scheduler_type": "constant"},
-                   "extra_rewards": [], "steps": 70, "switch": {"at": 25, "entropy_coef": 1.0},
-                   "what": "from step 25 an entropy bonus of 1.0: entropy explodes, completions run to the cap, reward falls"},
+                   "extra_rewards": [], "steps": 120, "switch": {"at": 25, "entropy_coef": 1.0},
+                   "what": "from step 25 an entropy bonus of 1.0: entropy rises, completions grow to the cap, reward falls"},
 }
 
 

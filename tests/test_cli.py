@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from monitor import load_run
+from monitor import load_run, read_run
 from tests.test_callback import COMPONENTS, UNCONDITIONAL
 
 
@@ -22,16 +22,22 @@ def cli(*args, check=False):
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_demo_leaves_a_complete_run_directory(tmp_path, moe):
     run_dir = tmp_path / "demo"
-    out = cli("demo", "--steps", "5", "--run-dir", str(run_dir), *(["--moe"] if moe else []))
+    steps = 12 if moe else 5
+    out = cli("demo", "--steps", str(steps), "--run-dir", str(run_dir), *(["--moe"] if moe else []))
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"run directory: {run_dir}" in out.stdout
     frame = load_run(run_dir)
-    assert len(frame) >= 5
+    assert len(frame) >= steps
     keys = UNCONDITIONAL + [f"rewards/{c}/{s}" for c in COMPONENTS for s in ("mean", "std")] + (["aux_loss"] if moe else [])
     for key in keys:
         assert key in frame.columns and all(math.isfinite(v) for v in frame[key]), key
     if moe:
-        assert any(c.startswith("moe/") for c in frame.columns)
+        for key in ("moe/load_cv", "moe/load_max_over_mean", "moe/router_entropy"):
+            assert frame[key].notna().all(), key  # every logged step
+        flips = frame["moe/flip_rate"].dropna()
+        assert list(flips.index) == [10]  # every probe_every=10 steps
+        log = read_run(run_dir)
+        assert all(len(r["moe_load"]) == 2 and len(r["moe_load"][0]) == 8 for r in log.steps)
 
 
 def test_demo_reports_to_tensorboard_when_asked(tmp_path):

@@ -149,6 +149,13 @@ def test_run_with_restarts_switches_to_the_variant_and_records_the_lineage(tmp_p
     assert second.header["tried_variants"] == ["dapo"]
     assert lineage.segments[1].global_step == 6 and lineage.segments[1].plan is None
     assert (tmp_path / "run" / PLAN_FILE).is_file() and not (tmp_path / "run" / "segment-1" / PLAN_FILE).exists()
+    # The lineage reads back as one frame with its segments, and analyze reports each segment.
+    import monitor
+
+    frame = monitor.load_run(tmp_path / "run")
+    assert list(frame["segment"]) == [0, 0, 0, 1, 1, 1, 1, 1, 1]
+    report = monitor.analyze(tmp_path / "run")
+    assert [r.source for r in report.runs] == [str(tmp_path / "run"), str(tmp_path / "run" / "segment-1")]
 
 
 def test_max_restarts_zero_never_stops(tmp_path):

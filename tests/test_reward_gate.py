@@ -252,3 +252,17 @@ def test_unusable_input_exits_2(argv, needle, capsys):
     assert main_inspect(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_attach_refuses_to_train_without_a_passed_gate(tmp_path):
+    import transformers
+
+    from callbacks import attach
+    from monitor.demo import build_trainer, demo_config
+    from monitor.reward_gate import RewardGateError
+
+    transformers.logging.set_verbosity_error()
+    trainer = build_trainer(demo_config(tmp_path / "t", 2))
+    with pytest.raises(RewardGateError, match="grpo-monitor inspect-rewards"):
+        attach(trainer, tmp_path / "run", require_reward_gate=True)
+    assert trainer.state.global_step == 0
