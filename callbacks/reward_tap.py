@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from monitor.metrics import to_value
+
 _CORRECT_HINTS = ("correct", "accuracy", "acc_", "exact_match", "_acc")
 _FORMAT_HINTS = ("format", "xml", "schema", "tag")
 
@@ -37,15 +39,6 @@ def _text(x: Any) -> str:
         content = x[-1]["content"]
         return content if isinstance(content, str) else json.dumps(content, default=str)
     return json.dumps(x, default=str)
-
-
-def _reward(v: Any) -> float | None:
-    if v is None:
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
 
 
 class _Batch:
@@ -114,7 +107,7 @@ class RewardTap:
                 if self._current is not None:
                     self._done.append(self._current)
                 self._current = _Batch(ids, kwargs.get("prompts"), kwargs.get("completions"))
-            self._current.rewards[name] = [_reward(v) for v in out]
+            self._current.rewards[name] = [to_value(v) for v in out]
         except Exception as exc:
             if self._on_error is not None:
                 self._on_error("reward tap", exc)

@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from monitor.metrics import to_value
+
 GATE_FILE = "reward_gate.json"
 SCHEMA = 1
 DEFAULT_THRESHOLD = 0.9
@@ -281,15 +283,6 @@ def read_samples_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return samples
 
 
-def _to_float(v: Any) -> float | None:
-    if v is None:
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
-
-
 def score_samples(samples: Sequence[Mapping[str, Any]], funcs: Sequence[Any]) -> tuple[dict[str, list[float | None]], dict[str, str]]:
     """Every reward function on every sample, in one call each, with TRL's keyword arguments.
 
@@ -310,7 +303,7 @@ def score_samples(samples: Sequence[Mapping[str, Any]], funcs: Sequence[Any]) ->
         try:
             out = func(prompts=prompts, completions=completions, completion_ids=None, trainer_state=None,
                        log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None, **columns)
-            vals = [_to_float(v) for v in list(out)]
+            vals = [to_value(v) for v in list(out)]
             if len(vals) != len(samples):
                 raise ValueError(f"returned {len(vals)} scores for {len(samples)} completions")
             scores[name] = vals
