@@ -116,6 +116,51 @@ class EpisodeDetector(Detector):
             self._pending = 0
             self._pending_onset = None
             return []
+        return self._settle(step, a)
+
+    def replay_steps(
+        self, steps: Sequence[tuple[int, Metrics]], samples: Sequence[Sequence[Sample] | None] | None = None
+    ) -> tuple[list[tuple[int, list[Finding]]], tuple[int, Exception] | None]:
+        """``update`` over a whole recorded run in one loop: ``(index, findings)`` for every step
+        that raised any, and ``(index, exception)`` for the step that failed (the loop stops there).
+
+        Exactly ``update`` step by step (same state, same findings), without its per-step calls.
+        """
+        found: list[tuple[int, list[Finding]]] = []
+        assess = self._assess
+        clock = self.clock
+        i = -1
+        try:
+            for i, (step, metrics) in enumerate(steps):
+                self.n_updates += 1
+                if type(step) is not int:
+                    step = int(step)
+                smp = samples[i] if samples is not None else None
+                if type(metrics) is not dict and not isinstance(metrics, Mapping):
+                    metrics = {}
+                # StepClock.tick, inlined
+                cs = clock._steps
+                if not cs or step > cs[-1]:
+                    cs.append(step)
+                    clock._gap = None
+                a = assess(step, metrics, smp or ())
+                if a is None:
+                    continue
+                self._evidence = a.evidence
+                if a.level == 0 and not self.in_episode:
+                    self.state = "warming_up" if a.warming_up else "ok"
+                    self._pending = 0
+                    self._pending_onset = None
+                    continue
+                out = self._settle(step, a)
+                if out:
+                    found.append((i, out))
+        except Exception as exc:  # reported to the caller, which disables the detector as ``Engine.update`` does
+            return found, (i, exc)
+        return found, None
+
+    def _settle(self, step: int, a: Assessment) -> list[Finding]:
+        """The episode bookkeeping of a step that is not plainly healthy."""
         if a.warming_up and not self.in_episode:
             self.state = "warming_up"
             return []

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detectors.base import Metrics, Sample
+from detectors.base import Metrics, Sample, finite
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from detectors.signals import (
     CorrectnessSource,
@@ -33,6 +33,8 @@ from detectors.stats import (
     pearson,
     theil_sen,
 )
+
+_INF = math.inf
 
 
 def within_group_length_reward_corr(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
@@ -128,28 +130,55 @@ class LengthRewardCoupling(EpisodeDetector):
             self.len_incorrect.push(step, sum(bad) / len(bad))
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        if self.entropy.push_metrics(step, metrics) is not None:
-            self.entropy.force_if_moved(step, 2, high=2.5)
-        c = get(metrics, "completions/clipped_ratio")
+        # Runs every step: the window pushes and ``get`` are written out in place.
+        entropy = self.entropy
+        if entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
+            entropy.force_if_moved(step, 2, high=2.5)
+        c = metrics.get("completions/clipped_ratio")
+        if type(c) is not float:
+            c = finite(c)
+        elif not -_INF < c < _INF:
+            c = None
         if c is not None:
-            self.clipped.push(step, c)
+            w = self.clipped
+            w.steps.append(step)
+            w.values.append(c)
         r = self.correctness.value(metrics)
+        correct = self.correct
         if r is not None:
-            self.correct.push(step, r)
-        tot = get(metrics, "reward")
+            correct.steps.append(step)
+            correct.values.append(r)
+        tot = metrics.get("reward")
+        if type(tot) is not float:
+            tot = finite(tot)
+        elif not -_INF < tot < _INF:
+            tot = None
         if tot is not None:
-            self.reward.push(step, tot)
+            w = self.reward
+            w.steps.append(step)
+            w.values.append(tot)
         if samples:
             self._push_samples(step, samples)
         # Fine logs: each point is one noisy step, so ask for twice the stretch of training.
         self.confirm_steps = 20 if self.clock.gap <= 2 else 10
-        L = get(metrics, "completions/mean_length")
+        L = metrics.get("completions/mean_length")
+        if type(L) is not float:
+            L = finite(L)
+        elif not -_INF < L < _INF:
+            L = None
         if L is None or L <= 0:
             return None
-        self.length.push(step, L)
-        if not self.length.ready or len(self.correct) < self.min_points:
-            return Assessment(warming_up=True, evidence={"points": len(self.length.window)})
-        base = self.length.base or 0.0
+        length = self.length
+        base = length.baseline.value
+        if base is None:
+            length.push(step, L)
+            base = length.baseline.value
+        else:
+            length.window.steps.append(step)
+            length.window.values.append(L)
+        if base is None or len(correct.values) < self.min_points:
+            return Assessment(warming_up=True, evidence={"points": len(length.window.values)})
+        base = base or 0.0
         if not self.in_episode and L < 0.8 * self.level_ratio * base:
             # This point is far below the level a median of recent points would need.
             return Assessment(level=0, evidence={"mean_length": {"latest": L, "baseline": base, "threshold_ratio": self.level_ratio}})
@@ -164,9 +193,9 @@ class LengthRewardCoupling(EpisodeDetector):
         return steps, vals
 
     def _judge(self, step: int) -> Assessment:
-        k = self.clock.points()
-        base = self.length.base or 0.0
-        recent = self.length.recent(k) or 0.0
+        k = 3 if self.clock.gap <= 2 else 2  # self.clock.points()
+        base = self.length.baseline.value or 0.0
+        recent = self.length.window.recent_median(k) or 0.0
         ratio = recent / base if base > 0 else 0.0
         ev: dict[str, Any] = {
             "mean_length": {"recent": fin(recent), "baseline": fin(base), "ratio": fin(ratio),

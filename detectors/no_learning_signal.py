@@ -50,6 +50,8 @@ class NoLearningSignal(EpisodeDetector):
     def _reset_state(self) -> None:
         self.entropy = EntropyTrack(window=8, half=3, tol=0.3, min_span=20)
         self.flags = Window(64)
+        # Trailing flagged points in ``flags`` (kept as the flags come, not recounted per step).
+        self._run = 0
         self.rewards = Window(2 * self.persist_points + 1)
         cap = (self.context.config or {}).get("max_completion_length")
         self.cap = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
@@ -76,24 +78,30 @@ class NoLearningSignal(EpisodeDetector):
         return out, measured
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        if self.entropy.push_metrics(step, metrics) is not None:
-            self.entropy.force_if_moved(step, 2, low=self.defer_low, high=self.defer_high)
+        entropy = self.entropy
+        if entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
+            entropy.force_if_moved(step, 2, low=self.defer_low, high=self.defer_high)
         conds, measured = self._conditions(metrics)
         if not measured:
             return None
-        self.flags.push(step, len(conds))
+        flags = self.flags
+        flags.push(step, len(conds))
         self._last_conds = conds
         r = get(metrics, "reward")
         if r is not None:
-            self.rewards.push(step, r)
+            w = self.rewards
+            w.steps.append(step)
+            w.values.append(r)
         k = self.persist_points
-        run = 0
-        for v in reversed(self.flags.values):
-            if not v:
-                break
-            run += 1
+        if conds:
+            run = self._run + 1
+            if run > flags.values.maxlen:  # the window forgets the oldest flag
+                run = flags.values.maxlen
+        else:
+            run = 0
+        self._run = run
         # The flagged run must also cover persist_steps of training (a coarse point covers several).
-        covered = (step - self.flags.steps[-run] + self.clock.gap) if run else 0
+        covered = (step - flags.steps[-run] + self.clock.gap) if run else 0
         sustained = run >= k and covered >= self.persist_steps
         long_sustained = run >= 2 * k and covered >= 2 * self.persist_steps
         ev: dict[str, Any] = {"conditions": conds, "points_in_a_row": run, "persist_points": k, "level": self.level}
@@ -114,10 +122,9 @@ class NoLearningSignal(EpisodeDetector):
         level = 0
         if sustained and not deferred:
             level = 1
-            both = sum(1 for v in self.flags.last(k) if v >= 2) == k
-            if long_sustained or (both and self.episode_len >= 1):
+            if long_sustained or (self.episode_len >= 1 and sum(1 for v in flags.last(k) if v >= 2) == k):
                 level = 2
-        onset = self.flags.steps[-run] if run and level else None
+        onset = flags.steps[-run] if run and level else None
         return Assessment(level=level, evidence=ev, onset_step=onset)
 
     def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:

@@ -205,11 +205,14 @@ class LevelTrack:
         return self.window.recent_median(k)
 
     def ratio(self, k: int) -> float | None:
-        r = self.recent(k)
         b = self.baseline.value
-        if r is None or b is None:
+        if b is None:
             return None
-        return math.exp(log_ratio(r, b))
+        r = self.window.recent_median(k)
+        if r is None:
+            return None
+        # log_ratio(r, b), inlined: this runs every step.
+        return math.exp(math.log(max(r, 1e-12)) - math.log(max(b, 1e-12)))
 
     def last_step(self) -> int | None:
         return self.window.steps[-1] if len(self.window) else None
@@ -251,20 +254,24 @@ class StepClock:
         # Only the last steps are kept; the spacing is worked out when asked (rarely, on the slow
         # paths), so a tick is a single append.
         self._steps: deque[int] = deque(maxlen=9)
+        self._gap: int | None = 1
 
     def tick(self, step: int) -> None:
         steps = self._steps
         if not steps or step > steps[-1]:
             steps.append(step)
+            self._gap = None
 
     @property
     def gap(self) -> int:
         """Mean steps per logged point over the last few points (a mean, not a median: logs that
         come in bursts with long holes cover training sparsely even if most gaps are 1)."""
-        steps = self._steps
-        if len(steps) < 2:
-            return 1
-        return max(1, round((steps[-1] - steps[0]) / (len(steps) - 1)))
+        g = self._gap
+        if g is None:  # worked out once per new point, however often it is asked
+            steps = self._steps
+            n = len(steps)
+            g = self._gap = 1 if n < 2 else max(1, round((steps[-1] - steps[0]) / (n - 1)))
+        return g
 
     def points_for(self, steps: int, minimum: int = 1) -> int:
         """Logged points covering about ``steps`` training steps, at least ``minimum``."""

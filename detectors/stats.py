@@ -283,8 +283,22 @@ class Window:
         return [self.values[i] for i in range(n - k, n)]
 
     def recent_median(self, k: int) -> float | None:
-        vals = self.last(k)
-        return median(vals) if vals else None
+        # ``median(self.last(k))`` without the intermediate calls: detectors ask this every step.
+        vals = self.values
+        n = len(vals)
+        if k >= n:
+            if not n:
+                return None
+            s = sorted(vals)
+        elif k == 1:
+            return vals[-1]
+        elif k <= 0:
+            return None
+        else:
+            s = sorted([vals[i] for i in range(n - k, n)])
+            n = k
+        mid = n // 2
+        return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
 
     @property
     def maxlen(self) -> int:

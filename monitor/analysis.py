@@ -67,8 +67,7 @@ class Report:
 
 def replay(src: Any, detectors: Sequence[Any] | None = None) -> tuple[list[Finding], list[dict[str, Any]]]:
     engine = Engine(src.context, detectors)
-    for step, metrics in src.steps:
-        engine.update(step, metrics, src.samples.get(step))
+    engine.replay(src.steps, src.samples)
     recs: list[dict[str, Any]] = []
     tried: set[str] = set()
     for f in engine.findings:
@@ -86,7 +85,7 @@ def analyze_one(path: str | os.PathLike[str], detectors: Sequence[Any] | None = 
     findings, recs = replay(src, detectors)
     series: dict[str, list[tuple[int, float]]] = {}
     for name in CURVES:
-        pts = [(s, m[name]) for s, m in src.steps if isinstance(m.get(name), float) and math.isfinite(m[name])]
+        pts = [(s, v) for s, m in src.steps if isinstance(v := m.get(name), float) and -math.inf < v < math.inf]
         if pts:
             series[name] = pts
     return RunReport(

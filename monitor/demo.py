@@ -20,7 +20,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                  "what": "from step 25 the learning rate jumps to 5e-3: completions turn identical and entropy collapses"},
     "length": {"config": {"loss_type": "grpo", "max_completion_length": 64, "learning_rate": 1e-3},
                "extra_rewards": ["length_bonus_reward"], "steps": 150, "switch": None,
-               "what": "a reward paying 0.05 per token under loss_type='grpo': length grows, correctness does not"},
+               "what": "a reward paying 0.05 per token under loss_type='grpo': length runs to the cap, correctness does not move"},
     "degenerate": {"config": {"entropy_coef": 1e-4, "max_completion_length": 16, "learning_rate": 3e-4,
                               "lr_scheduler_type": "constant"},
                    "extra_rewards": [], "steps": 120, "switch": {"at": 25, "entropy_coef": 1.0},
@@ -43,6 +43,10 @@ def _scenario_switch(trainer: Any, switch: dict[str, Any]):
                     lr_scheduler.base_lrs = [switch["learning_rate"]] * len(lr_scheduler.base_lrs)
             if "entropy_coef" in switch:
                 trainer.entropy_coef = switch["entropy_coef"]
+            if "reward_weights" in switch:
+                import torch
+
+                trainer.reward_weights = torch.tensor(switch["reward_weights"], dtype=torch.float32)
 
     return ScenarioSwitch()
 
