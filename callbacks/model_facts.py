@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from callbacks.moe_models import moe_facts
-
-_VLM_HINTS = ("vision_config", "vision_tower", "image_token_id", "image_token_index")
+from monitor.model_config import VLM_HINTS, moe_facts
 
 
 def model_facts(model: Any) -> dict[str, Any]:
@@ -16,7 +14,7 @@ def model_facts(model: Any) -> dict[str, Any]:
         "class": type(getattr(base, "model", base)).__name__ if hasattr(model, "peft_config") else type(model).__name__,
         "model_type": getattr(config, "model_type", None),
         "name_or_path": getattr(config, "_name_or_path", None) or None,
-        "is_vlm": bool(config is not None and any(hasattr(config, k) for k in _VLM_HINTS)),
+        "is_vlm": bool(config is not None and any(hasattr(config, k) for k in VLM_HINTS)),
     }
     try:
         facts["num_parameters"] = int(sum(p.numel() for p in model.parameters()))

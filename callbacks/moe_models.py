@@ -24,13 +24,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
 from typing import Any
 
-_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-_TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "moe_topk", "moe_k")
-_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-_TEXT_KEYS = ("text_config", "language_config", "llm_config")
+from monitor.model_config import config_value, first_int, moe_facts, text_config  # noqa: F401  (moe_facts: public here too)
 
 # Routing distributions (what the router's entropy and flip rate are measured on):
 #   "softmax"       softmax over all experts (Qwen2/3-MoE, Mixtral, OLMoE and most top-k routers);
@@ -44,73 +40,6 @@ _TEXT_KEYS = ("text_config", "language_config", "llm_config")
 KINDS = ("softmax", "topk_softmax", "sigmoid")
 _TOPK_SOFTMAX_MODEL_TYPES = frozenset({"gpt_oss"})
 _ROUTER_CLASS = re.compile(r"(router|gate|gating)$", re.IGNORECASE)
-
-
-def _get(config: Any, key: str) -> Any:
-    if isinstance(config, Mapping):
-        return config.get(key)
-    try:
-        return getattr(config, key, None)
-    except Exception:  # some configs raise other errors for unknown attributes
-        return None
-
-
-def _first_int(config: Any, keys: tuple[str, ...]) -> int | None:
-    for key in keys:
-        value = _get(config, key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
-
-
-def text_config(config: Any) -> Any:
-    """The part of a (possibly composite, vision-language) config that describes the decoder."""
-    if config is None:
-        return None
-    if _first_int(config, _EXPERT_KEYS) is not None:
-        return config
-    for key in _TEXT_KEYS:
-        sub = _get(config, key)
-        if sub is not None:
-            return sub
-    return config
-
-
-def moe_facts(config: Any) -> dict[str, Any]:
-    """``{"is_moe", "num_experts", "top_k", "num_layers", "moe_layers"}`` from a transformers config.
-
-    Accepts a ``PretrainedConfig`` or its ``to_dict()`` form. Dense-first layers
-    (``first_k_dense_replace``, with ``moe_layer_freq``), sparse steps and ``mlp_only_layers``
-    (Qwen-MoE) and explicit ``mlp_layer_types`` lists are honoured. A dense model gives
-    ``is_moe=False``, ``num_experts=None`` and no MoE layers.
-    """
-    text = text_config(config)
-    num_layers = _first_int(text, _LAYER_KEYS) or 0
-    experts = _first_int(text, _EXPERT_KEYS)
-    top_k = _first_int(text, _TOPK_KEYS)
-    is_moe = bool(experts and experts > 1)
-    moe_layers: list[int] = []
-    if is_moe:
-        layer_types = _get(text, "mlp_layer_types")
-        if isinstance(layer_types, (list, tuple)) and len(layer_types) == num_layers:
-            moe_layers = [i for i, t in enumerate(layer_types) if str(t).lower() in ("sparse", "moe", "experts")]
-        else:
-            first_dense = int(_get(text, "first_k_dense_replace") or 0)
-            freq = int(_get(text, "moe_layer_freq") or 1) if first_dense else 1
-            step = int(_get(text, "decoder_sparse_step") or 1)
-            mlp_only = set(_get(text, "mlp_only_layers") or [])
-            for i in range(num_layers):
-                if i < first_dense or i in mlp_only:
-                    continue
-                if freq > 1 and i % freq != 0:
-                    continue
-                if step > 1 and (i + 1) % step != 0:
-                    continue
-                moe_layers.append(i)
-    else:
-        experts = None
-        top_k = None
-    return {"is_moe": is_moe, "num_experts": experts, "top_k": top_k, "num_layers": num_layers, "moe_layers": moe_layers}
 
 
 @dataclasses.dataclass
@@ -160,9 +89,9 @@ def _next_to_experts(parent: Any, module: Any, num_experts: int) -> bool:
 
 def _kind(module: Any, config: Any) -> str:
     names = set(getattr(module, "_buffers", {}) or {}) | set(getattr(module, "_parameters", {}) or {})
-    if any("correction_bias" in n for n in names) or str(_get(config, "scoring_func") or "").lower() == "sigmoid":
+    if any("correction_bias" in n for n in names) or str(config_value(config, "scoring_func") or "").lower() == "sigmoid":
         return "sigmoid"
-    model_type = str(_get(config, "model_type") or "")
+    model_type = str(config_value(config, "model_type") or "")
     if model_type in _TOPK_SOFTMAX_MODEL_TYPES or type(module).__name__.startswith("GptOss"):
         return "topk_softmax"
     return "softmax"
@@ -177,7 +106,7 @@ def find_routers(model: Any) -> tuple[list[RouterSpec], str | None]:
     config = getattr(model, "config", None)
     facts = moe_facts(config) if config is not None else moe_facts({})
     text = text_config(config) if config is not None else {}
-    hidden = _first_int(text, ("hidden_size", "d_model", "n_embd"))
+    hidden = first_int(text, ("hidden_size", "d_model", "n_embd"))
     want_experts = facts["num_experts"]
     modules = dict(model.named_modules())
 

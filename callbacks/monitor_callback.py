@@ -28,6 +28,7 @@ from detectors.base import Detector, RunContext
 from monitor.engine import Engine
 from monitor.memory import system_metrics
 from monitor.metrics import SUMMARY_KEYS, normalize_metrics
+from monitor.recommend import Recommender
 from monitor.runlog import RunWriter, _jsonable
 
 logger = logging.getLogger("grpo_monitor")
@@ -106,7 +107,7 @@ class MonitorCallback(TrainerCallback):
         self.lineage_root = Path(lineage_root) if lineage_root is not None else self.run_dir
         self.restart_plan: Any = None
         self.run_id = uuid.uuid4().hex[:12]
-        self.recommended: set[str] = set()
+        self.recommender: Any = None
         self.errors: dict[str, str] = {}
         self._tb: Any = None
         self.writer: RunWriter | None = None
@@ -189,6 +190,7 @@ class MonitorCallback(TrainerCallback):
         self.context.config = config
         self.context.model = facts
         self.engine = Engine(self.context, self._detectors, on_error=self.report_error)
+        self.recommender = Recommender(config, is_moe=self.context.is_moe, tried=self.tried)
         self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0)
         if state.is_world_process_zero:
             self.writer.header(
@@ -268,7 +270,7 @@ class MonitorCallback(TrainerCallback):
         findings = self.engine.update(step, metrics, samples) if self.engine is not None else []
         if self.engine is not None:
             record["detectors"] = {k: v["state"] for k, v in self.engine.states().items()}
-        recs = [r for r in (self._recommend(f) for f in findings) if r is not None]
+        recs = [r for r in (self.recommender(f.to_dict()) for f in findings) if r is not None]
         if state.is_world_process_zero and self.engine is not None:
             self._guard("tensorboard", self._to_tensorboard, step, record.get("detectors", {}), findings, recs)
         if state.is_world_process_zero:
@@ -307,15 +309,6 @@ class MonitorCallback(TrainerCallback):
             else:
                 self._tb = False
         return self._tb or None
-
-    def _recommend(self, finding: Any) -> dict[str, Any] | None:
-        from monitor.recommend import recommend
-
-        rec = recommend(finding.to_dict(), self.context.config, is_moe=self.context.is_moe,
-                        tried=[*self.tried, *self.recommended])
-        if rec is not None:
-            self.recommended.add(rec["variant"])
-        return rec
 
     # -- auto-restart ---------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from detectors.base import Finding
 from monitor.engine import Engine
-from monitor.recommend import recommend
+from monitor.recommend import Recommender
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm")
@@ -68,13 +68,8 @@ class Report:
 def replay(src: Any, detectors: Sequence[Any] | None = None) -> tuple[list[Finding], list[dict[str, Any]]]:
     engine = Engine(src.context, detectors)
     engine.replay(src.steps, src.samples)
-    recs: list[dict[str, Any]] = []
-    tried: set[str] = set()
-    for f in engine.findings:
-        rec = recommend(f.to_dict(), src.context.config, is_moe=src.context.is_moe, tried=tried)
-        if rec is not None:
-            tried.add(rec["variant"])
-            recs.append(rec)
+    recommender = Recommender(src.context.config, is_moe=src.context.is_moe)
+    recs = [r for r in (recommender(f.to_dict()) for f in engine.findings) if r is not None]
     return engine.findings, recs
 
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from monitor.model_config import VLM_HINTS, moe_facts
+
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
                "float64": 8, "double": 8, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -98,34 +100,12 @@ def dtype_bytes(dtype: Any, default: int = 4) -> int:
 
 # -- model shape ---------------------------------------------------------------------------------
 
-_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-_TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "top_k")
-_VLM_HINTS = ("vision_config", "vision_tower", "image_token_id", "image_token_index")
-
-
-def _first_int(cfg: Any, keys: tuple[str, ...]) -> int | None:
-    for k in keys:
-        v = _get(cfg, k)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
-
-
 def _config_dict(cfg: Any) -> dict[str, Any]:
     if isinstance(cfg, Mapping):
         return dict(cfg)
     if callable(getattr(cfg, "to_dict", None)):
         return cfg.to_dict()
     return dict(vars(cfg))
-
-
-def _moe_layer_flags(text: Mapping[str, Any], layers: int, experts: int | None) -> list[bool]:
-    if not experts or experts <= 1:
-        return [False] * layers
-    first_dense = int(text.get("first_k_dense_replace") or 0)
-    step = int(text.get("decoder_sparse_step") or 1)
-    mlp_only = set(text.get("mlp_only_layers") or [])
-    return [not (i < first_dense or i in mlp_only or (step > 1 and (i + 1) % step != 0)) for i in range(layers)]
 
 
 def shape_from_config(cfg: Any) -> dict[str, Any]:
@@ -140,7 +120,7 @@ def shape_from_config(cfg: Any) -> dict[str, Any]:
     text = full.get("text_config") or full
     if not isinstance(text, Mapping):
         text = _config_dict(text)
-    is_vlm = any(k in full and full[k] is not None for k in _VLM_HINTS)
+    is_vlm = any(k in full and full[k] is not None for k in VLM_HINTS)
     h = int(text.get("hidden_size") or 0)
     layers = int(text.get("num_hidden_layers") or 0)
     vocab = int(text.get("vocab_size") or 0)
@@ -148,8 +128,8 @@ def shape_from_config(cfg: Any) -> dict[str, Any]:
     kv_heads = int(text.get("num_key_value_heads") or heads or 0)
     head_dim = int(text.get("head_dim") or (h // heads if heads else 0))
     inter = int(text.get("intermediate_size") or 0)
-    experts = _first_int(text, _EXPERT_KEYS)
-    top_k = _first_int(text, _TOPK_KEYS)
+    moe = moe_facts(text)  # the same layout the run header and the router tap read
+    experts, top_k = moe["num_experts"], moe["top_k"]
     moe_inter = int(text.get("moe_intermediate_size") or inter)
     shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
     n_shared = int(text.get("n_shared_experts") or 0)
@@ -165,7 +145,8 @@ def shape_from_config(cfg: Any) -> dict[str, Any]:
         attn += q_dim + 2 * kv_dim
     if qk_norm:  # Qwen3 normalises per head (head_dim); OLMoE over the full q / kv width
         attn += 2 * head_dim if model_type.startswith("qwen3") else q_dim + kv_dim
-    moe_flags = _moe_layer_flags(text, layers, experts)
+    routed = set(moe["moe_layers"])
+    moe_flags = [i in routed for i in range(layers)]
     dense_mlp = 3 * h * inter
     expert_mlp = 3 * h * moe_inter
     shared = (3 * h * shared_inter + (h if model_type == "qwen2_moe" else 0)) if shared_inter else 0

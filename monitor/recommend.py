@@ -95,3 +95,20 @@ def recommend(
         "extra": dict(advice),
         "reasons": reasons,
     }
+
+
+class Recommender:
+    """The recommendations of one run's findings, in the order they are raised: each variant once,
+    and never one already tried in the lineage. Used alike by the live callback, ``analyze`` and
+    the dashboard's replay."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, *, is_moe: bool = False, tried: Iterable[str] = ()) -> None:
+        self.config = dict(config or {})
+        self.is_moe = is_moe
+        self.tried = set(tried)
+
+    def __call__(self, finding: Mapping[str, Any]) -> dict[str, Any] | None:
+        rec = recommend(finding, self.config, is_moe=self.is_moe, tried=self.tried)
+        if rec is not None:
+            self.tried.add(rec["variant"])
+        return rec

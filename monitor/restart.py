@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +198,3 @@ def child_flags(plan: RestartPlan | None) -> list[str]:
         flags += ["--resume_from_checkpoint", plan.resume_from]
     return flags
 
-
-def describe(plans: Sequence[RestartPlan]) -> str:
-    return " → ".join(f"segment {p.segment} stopped at step {p.step}: {p.variant}" for p in plans)

@@ -109,9 +109,6 @@ class JsonlWriter:
                 view = view[n:]
         return len(data)
 
-    def fsync(self) -> None:
-        os.fsync(self._fd)
-
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

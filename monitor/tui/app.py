@@ -76,10 +76,10 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
         if run.summary:
             records.append(dict(run.summary))
         return records
-    from monitor.recommend import recommend
+    from monitor.recommend import Recommender
 
     engine = Engine(ctx)
-    tried: set[str] = set()
+    recommender = Recommender(ctx.config, is_moe=ctx.is_moe)
     samples = src.samples if isinstance(src.samples, dict) else {}
     for step, metrics in src.steps:
         batch = samples.get(step)
@@ -90,9 +90,8 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
             records.append({"type": "sample", "step": int(step), **s})
         records += [{"type": "finding", **f.to_dict()} for f in findings]
         for f in findings:  # the same recommendations the live monitor and `analyze` give
-            rec = recommend(f.to_dict(), ctx.config, is_moe=ctx.is_moe, tried=tried)
+            rec = recommender(f.to_dict())
             if rec is not None:
-                tried.add(rec["variant"])
                 records.append(rec)
     return records
 
