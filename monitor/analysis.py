@@ -7,11 +7,13 @@ live monitor raised or would have raised it.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ from monitor.recommend import Recommender
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm")
+_INF, _NEG_INF = math.inf, -math.inf
 _BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -67,7 +70,7 @@ class Report:
 
 def replay(src: Any, detectors: Sequence[Any] | None = None) -> tuple[list[Finding], list[dict[str, Any]]]:
     engine = Engine(src.context, detectors)
-    engine.replay(src.steps, src.samples)
+    engine.replay(src.steps, src.samples, processes=None)
     recommender = Recommender(src.context.config, is_moe=src.context.is_moe)
     recs = [r for r in (recommender(f.to_dict()) for f in engine.findings) if r is not None]
     return engine.findings, recs
@@ -76,11 +79,13 @@ def replay(src: Any, detectors: Sequence[Any] | None = None) -> tuple[list[Findi
 def analyze_one(path: str | os.PathLike[str], detectors: Sequence[Any] | None = None) -> RunReport:
     from monitor.sources import load_source
 
-    src = load_source(path)
-    findings, recs = replay(src, detectors)
+    with _collector_paused():
+        src = load_source(path)
+        findings, recs = replay(src, detectors)
     series: dict[str, list[tuple[int, float]]] = {}
     for name in CURVES:
-        pts = [(s, v) for s, m in src.steps if isinstance(v := m.get(name), float) and -math.inf < v < math.inf]
+        # A source's values are floats or None (a gap); NaN fails both comparisons.
+        pts = [(s, v) for s, m in src.steps if (v := m.get(name)) is not None and _NEG_INF < v < _INF]
         if pts:
             series[name] = pts
     return RunReport(
@@ -93,6 +98,19 @@ def analyze_one(path: str | os.PathLike[str], detectors: Sequence[Any] | None = 
         model=dict(src.context.model),
         warnings=list(src.warnings),
     )
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a log is read and replayed: millions of young objects
+    that all stay alive would otherwise trigger full collections over an ever larger heap."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def expand_lineages(paths: Sequence[str | os.PathLike[str]]) -> list[str]:

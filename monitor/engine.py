@@ -61,6 +61,7 @@ class Engine:
     def replay(
         self, steps: Sequence[tuple[int, Mapping[str, float | None]]],
         samples: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
+        processes: int | None = 1,
     ) -> list[Finding]:
         """Feed a whole recorded run; the same findings, in the same order, as ``update`` per step.
 
@@ -68,6 +69,9 @@ class Engine:
         tight loop per detector is much faster than cycling through all of them at each step.
         Findings are then merged back into step order (detectors in their order within a step),
         and a detector that raises is disabled from that step on, exactly as ``update`` does.
+
+        ``processes`` > 1 (``None``: one per CPU) lets a long run's detectors be shared out over
+        forked processes; the findings and the detectors' final state are the same.
         """
         if len({d.id for d in self.detectors}) != len(self.detectors):
             # Disabling goes by id: with shared ids one failure silences several detectors
@@ -78,37 +82,12 @@ class Engine:
             return raised
         steps = steps if isinstance(steps, list) else list(steps)
         per_step = [samples.get(step) for step, _ in steps] if samples else None
-        found: list[tuple[int, int, list[Finding]]] = []
-        errors: list[tuple[int, int, str, BaseException]] = []
-        for j, d in enumerate(self.detectors):
-            if d.id in self.disabled:
-                continue
-            fast = getattr(d, "replay_steps", None)
-            if fast is not None and type(d).update is Detector.update and getattr(type(d), "_update", None) is _EPISODE_UPDATE:
-                fs, err = fast(steps, per_step)
-                found.extend((i, j, out) for i, out in fs)
-                if err is not None:
-                    errors.append((err[0], j, d.id, err[1]))
-                continue
-            update = d.update
-            i = 0
-            try:
-                if per_step is None:
-                    for i, (step, metrics) in enumerate(steps):
-                        out = update(step, metrics, None)
-                        if out:
-                            found.append((i, j, out if type(out) is list else list(out)))
-                        elif out.__class__ is not list:
-                            list(out)  # what ``extend`` would make of it: raises for a non-iterable
-                else:
-                    for i, (step, metrics) in enumerate(steps):
-                        out = update(step, metrics, per_step[i])
-                        if out:
-                            found.append((i, j, out if type(out) is list else list(out)))
-                        elif out.__class__ is not list:
-                            list(out)
-            except Exception as exc:  # a broken detector must not take the others down
-                errors.append((i, j, d.id, exc))
+        jobs = [(j, d) for j, d in enumerate(self.detectors) if d.id not in self.disabled]
+        workers = _fork_workers(processes, len(steps), len(jobs))
+        if workers > 1:
+            found, errors = self._replay_forked(jobs, steps, per_step, workers)
+        else:
+            found, errors, _ = _replay_span(jobs, steps, per_step, 0, len(steps))
         found.sort(key=lambda t: (t[0], t[1]))
         errors.sort(key=lambda t: (t[0], t[1]))
         for _, _, det_id, exc in errors:
@@ -121,6 +100,78 @@ class Engine:
         self.findings.extend(raised)
         return raised
 
+    def _replay_forked(
+        self, jobs: list[tuple[int, Detector]], steps: list[Any], per_step: list[Any] | None, workers: int
+    ) -> tuple[list[tuple[int, int, list[Finding]]], list[tuple[int, int, str, BaseException]]]:
+        """Replay a first stretch here, timing each detector; then this process and forked ones
+        take the detectors one at a time, costliest first, and carry each to the end. A child
+        sends back its findings and its detectors; whatever does not come back is replayed here,
+        from the same point."""
+        import multiprocessing
+        import pickle
+
+        head = min(_TIMED_PREFIX, len(steps) // 10)
+        found, errors, cost = _replay_span(jobs, steps, per_step, 0, head)
+        failed = {j for _, j, _, _ in errors}
+        order = sorted((jd for jd in jobs if jd[0] not in failed), key=lambda jd: -cost.get(jd[0], 0.0))
+        ctx = multiprocessing.get_context("fork")
+        taken = ctx.Value("i", 0)
+
+        def drain() -> tuple[list[Any], list[Any], dict[int, Detector]]:
+            out_found: list[Any] = []
+            out_errors: list[Any] = []
+            done: dict[int, Detector] = {}
+            while True:
+                with taken.get_lock():
+                    k = taken.value
+                    taken.value += 1
+                if k >= len(order):
+                    return out_found, out_errors, done
+                j, d = order[k]
+                more, errs, _ = _replay_span([(j, d)], steps, per_step, head, len(steps))
+                out_found += more
+                out_errors += errs
+                done[j] = d
+
+        def child(conn: Any) -> None:
+            try:
+                blob = pickle.dumps(drain(), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # unpicklable findings or detectors: the parent replays them
+                blob = b""
+            conn.send_bytes(blob)
+            conn.close()
+
+        children = []
+        for _ in range(min(workers, len(order)) - 1):
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=child, args=(send,), daemon=True)
+            proc.start()
+            send.close()
+            children.append((proc, recv))
+        more, errs, finished = drain()
+        found += more
+        errors += errs
+        for proc, recv in children:
+            try:
+                blob = recv.recv_bytes()
+            except (EOFError, OSError):
+                blob = b""
+            recv.close()
+            proc.join()
+            if blob:
+                more, errs, replayed = pickle.loads(blob)
+                found += more
+                errors += errs
+                for j, d in replayed.items():
+                    self.detectors[j] = d
+                finished.update(replayed)
+        for j, d in order:
+            if j not in finished:  # a child that died or could not send: its detectors, here
+                more, errs, _ = _replay_span([(j, d)], steps, per_step, head, len(steps))
+                found += more
+                errors += errs
+        return found, errors
+
     def states(self) -> dict[str, dict[str, Any]]:
         """Each detector's current state for dashboards: ``state`` and the latest evidence."""
         out = {}
@@ -128,3 +179,73 @@ class Engine:
             state = "disabled" if d.id in self.disabled else getattr(d, "state", "ok")
             out[d.id] = {"state": state, "evidence": getattr(d, "last_evidence", {})}
         return out
+
+
+# Steps replayed in one process, timing each detector, before a long replay is shared out.
+_TIMED_PREFIX = 2000
+# Below this many steps a replay takes well under a second: forking would not pay.
+FORK_FROM_STEPS = 20_000
+
+
+def _fork_workers(processes: int | None, n_steps: int, n_detectors: int) -> int:
+    if processes == 1 or n_steps < FORK_FROM_STEPS or n_detectors < 2:
+        return 1
+    import multiprocessing
+    import os
+    import sys
+    import threading
+
+    # Forking a process that runs other threads can copy a lock mid-use (a dashboard, a notebook).
+    if not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return 1
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus if processes is None else processes, n_detectors))
+
+
+def _replay_span(
+    jobs: Sequence[tuple[int, Detector]], steps: list[Any], per_step: list[Any] | None, lo: int, hi: int
+) -> tuple[list[tuple[int, int, list[Finding]]], list[tuple[int, int, str, BaseException]], dict[int, float]]:
+    """Each detector over ``steps[lo:hi]``: findings as ``(index, position, findings)``, failures
+    as ``(index, position, id, exception)`` (a detector stops at its failure), and seconds spent."""
+    import time
+
+    found: list[tuple[int, int, list[Finding]]] = []
+    errors: list[tuple[int, int, str, BaseException]] = []
+    cost: dict[int, float] = {}
+    if hi <= lo:
+        return found, errors, cost
+    span = steps if lo == 0 and hi == len(steps) else steps[lo:hi]
+    span_samples = None if per_step is None else (per_step if span is steps else per_step[lo:hi])
+    for j, d in jobs:
+        t0 = time.perf_counter()
+        fast = getattr(d, "replay_steps", None)
+        if fast is not None and type(d).update is Detector.update and getattr(type(d), "_update", None) is _EPISODE_UPDATE:
+            fs, err = fast(span, span_samples)
+            found.extend((lo + i, j, out) for i, out in fs)
+            if err is not None:
+                errors.append((lo + err[0], j, d.id, err[1]))
+            cost[j] = time.perf_counter() - t0
+            continue
+        update = d.update
+        i = 0
+        try:
+            if span_samples is None:
+                for i, (step, metrics) in enumerate(span):
+                    out = update(step, metrics, None)
+                    if out:
+                        found.append((lo + i, j, out if type(out) is list else list(out)))
+                    elif out.__class__ is not list:
+                        list(out)  # what ``extend`` would make of it: raises for a non-iterable
+            else:
+                for i, (step, metrics) in enumerate(span):
+                    out = update(step, metrics, span_samples[i])
+                    if out:
+                        found.append((lo + i, j, out if type(out) is list else list(out)))
+                    elif out.__class__ is not list:
+                        list(out)
+        except Exception as exc:  # a broken detector must not take the others down
+            errors.append((lo + i, j, d.id, exc))
+        cost[j] = time.perf_counter() - t0
+    return found, errors, cost

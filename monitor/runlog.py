@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from monitor.jsonparse import loads
 from monitor.metrics import decode, encode
 
 SCHEMA_VERSION = 1
@@ -158,15 +159,17 @@ class RunWriter:
 def _decode_metrics(metrics: Any) -> dict[str, float | None]:
     if not isinstance(metrics, Mapping):
         return {}
-    values = metrics.values()
-    if all(v is None or type(v) is float for v in values):  # the common case: nothing to decode
+    if set(map(type, metrics.values())) <= _PLAIN:  # the common case, checked at C speed: nothing to decode
         return dict(metrics)
     return {str(k): decode(v) for k, v in metrics.items()}
 
 
+_PLAIN = frozenset({float, type(None)})
+
+
 def parse_line(line: bytes, where: str) -> dict[str, Any]:
     try:
-        record = json.loads(line)
+        record = loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RunLogError(f"{where}: corrupt record ({exc.__class__.__name__}: {str(exc)[:80]})") from None
     if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
@@ -238,10 +241,20 @@ class RunLog:
             self.notes.append(record)
 
     def samples_by_step(self) -> dict[int, list[dict[str, Any]]]:
+        """Each step's samples from every rank, in global batch order (as the live detectors saw them)."""
         out: dict[int, list[dict[str, Any]]] = {}
         for s in self.samples:
             out.setdefault(int(s.get("step", -1)), []).append(s)
+        for rows in out.values():
+            if any(r.get("rank", 0) for r in rows):  # several ranks' files: merge by global index
+                rows.sort(key=batch_index)
         return out
+
+
+def batch_index(sample: dict[str, Any]) -> int:
+    """A sample's position in the step's global generation batch (0 when it has none)."""
+    i = sample.get("index")
+    return i if type(i) is int else 0
 
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:

@@ -598,7 +598,8 @@ def test_tensorboard_tags_that_are_not_utf8_stay_distinct(tmp_path):
 
 
 def test_reading_foreign_logs_stays_light(tmp_path):
-    """Reading any format loads neither torch, TensorBoard nor pandas (frame() is where pandas comes in)."""
+    """Reading any format loads neither torch, TensorBoard nor pandas (frame() is where pandas comes in;
+    a CSV of millions of characters also reads through pandas)."""
     import subprocess
     import sys
 

@@ -199,3 +199,81 @@ def test_run_log_with_arbitrary_records(tmp_path, n):
             check(d)
 
     inner()
+
+
+NUMERIC_CELL = st.one_of(
+    st.integers(-(2**70), 2**70).map(str), st.floats().map(repr), st.floats(width=32).map(str),
+    st.sampled_from(["", "nan", "NaN", "inf", "-inf", "Infinity", "1e400", " 1.5", "1_000", "True", "false",
+                     "null", "0x10", "1.", ".5", "+3", "-0.0", "abc"]),
+)
+STEP_CELL = st.one_of(st.integers(-(2**64), 2**64).map(str), st.sampled_from(["", "1.0", "x", " 7"]))
+
+
+@FUZZ
+@given(
+    columns=st.lists(st.sampled_from(["loss", "entropy", "reward", "loss", "_runtime", "train/loss", "x"]),
+                     min_size=1, max_size=4),
+    rows=st.lists(st.tuples(STEP_CELL, st.lists(NUMERIC_CELL, min_size=4, max_size=4)), min_size=1, max_size=8),
+    delim=st.sampled_from([",", "\t", ";"]),
+    step_first=st.booleans(),
+)
+def test_csv_readers_agree(columns, rows, delim, step_first):
+    """A long export goes through pandas' reader, a short one cell by cell: the same table either way."""
+    import monitor.sources.tabular as tabular
+
+    def line(step, cells):
+        cells = cells[: len(columns)]
+        return delim.join([step, *cells] if step_first else [*cells, step])
+
+    header = ["step", *columns] if step_first else [*columns, "step"]
+    text = delim.join(header) + "\n" + "".join(line(s, c) + "\n" for s, c in rows)
+    results = []
+    for threshold in (0, 10**12):
+        tabular.PANDAS_FROM_CHARS = threshold
+        try:
+            with folder() as d:
+                (d / "m.csv").write_text(text)
+                try:
+                    src = load_source(d / "m.csv")
+                    results.append((src.steps, [w.replace(str(d), "") for w in src.warnings]))
+                except SourceError as exc:
+                    results.append(str(exc).replace(str(d), ""))
+        finally:
+            tabular.PANDAS_FROM_CHARS = 4_000_000
+    fast, careful = results
+    if isinstance(careful, str) or isinstance(fast, str):
+        assert fast == careful
+    else:
+        assert same_steps(fast[0], careful[0]) and fast[1] == careful[1]
+
+
+@FUZZ
+@given(value=JSON, allow_nan=st.booleans(), data=st.binary(max_size=60))
+def test_json_parsers_agree(value, allow_nan, data):
+    """orjson where it accepts the text, the standard parser's value or error everywhere else."""
+    from monitor.jsonparse import loads
+
+    try:
+        text = json.dumps(value, allow_nan=allow_nan)
+    except ValueError:
+        text = json.dumps(None)
+    for doc in (text, text.encode(), data):
+        try:
+            want = json.loads(doc)
+        except (ValueError, RecursionError) as exc:
+            with pytest.raises(type(exc)):
+                loads(doc)
+            continue
+        got = loads(doc)
+        shown = json.dumps(got, sort_keys=True)
+        assert shown in (json.dumps(want, sort_keys=True), json.dumps(beyond_64_bits_as_float(want), sort_keys=True))
+
+
+def beyond_64_bits_as_float(value):
+    if isinstance(value, dict):
+        return {k: beyond_64_bits_as_float(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [beyond_64_bits_as_float(v) for v in value]
+    if type(value) is int and not -(2**63) <= value < 2**64:
+        return float(value)
+    return value

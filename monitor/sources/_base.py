@@ -95,6 +95,7 @@ class Source:
 
 
 _STEP_MIN, _STEP_MAX = -(2**63), 2**63 - 1
+_TWO63 = float(2**63)
 
 
 def as_step(value: Any) -> int | None:
@@ -104,7 +105,8 @@ def as_step(value: Any) -> int | None:
     if isinstance(value, int):
         return value if _STEP_MIN <= value <= _STEP_MAX else None
     if isinstance(value, float):
-        return as_step(int(value)) if math.isfinite(value) and value == int(value) else None
+        # |value| >= 2**63 is refused even where it rounds into range: it stands for a huge integer.
+        return int(value) if -_TWO63 < value < _TWO63 and value == int(value) else None
     if isinstance(value, str):
         text = value.strip()
         try:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from monitor.jsonparse import loads
 from monitor.metrics import SUMMARY_KEYS
 from monitor.sources._base import (
     Normalizer,
@@ -27,6 +28,7 @@ from monitor.sources._base import (
 STEP_FIELDS = ("train/global_step", "global_step", "training/global_step", "trainer/global_step", "step", "_step")
 NESTED_FIELDS = ("data", "metrics")
 _STEP_RANK = {name: i for i, name in enumerate(STEP_FIELDS)}
+PANDAS_FROM_CHARS = 4_000_000
 
 
 # --------------------------------------------------------------------------------------- JSONL
@@ -35,7 +37,7 @@ _STEP_RANK = {name: i for i, name in enumerate(STEP_FIELDS)}
 def first_json_line(line: bytes) -> Any:
     """The JSON value on one line, or None when the line is not a complete JSON value."""
     try:
-        return json.loads(line)
+        return loads(line)
     except (ValueError, RecursionError):
         return None
 
@@ -59,7 +61,7 @@ def read_jsonl(path: Path) -> Source:
     records = _parse_all(path, lines)
     if torn.strip():
         try:
-            records.append((len(lines) + 1, json.loads(torn)))
+            records.append((len(lines) + 1, loads(torn)))
         except (ValueError, RecursionError):
             src.warnings.append(f"{path}:{len(lines) + 1}: skipped a half-written last line")
     table = StepTable()
@@ -88,7 +90,6 @@ def read_jsonl(path: Path) -> Source:
 
 def _parse_all(path: Path, lines: list[bytes]) -> list[tuple[int, Any]]:
     out = []
-    loads = json.loads
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -168,37 +169,16 @@ def read_csv(path: Path) -> Source:
     header, delim = found
     src = Source(path=path, format="csv")
     step_col, columns = _csv_columns(path, header, src.warnings)
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delim)
-    try:
-        next(reader)
-        rows = []
-        lines = []
-        for row in reader:
-            if row:
-                rows.append(row)
-                lines.append(reader.line_num)
-    except csv.Error as exc:
-        raise SourceError(path, f"malformed CSV ({one_line_exc(exc)})", reader.line_num) from None
-    width = len(header)
-    ragged = sum(1 for r in rows if len(r) != width)
-    if ragged:  # a torn last row, or a writer that changed its columns: missing cells are gaps
-        rows = [r + [""] * (width - len(r)) if len(r) < width else r for r in rows]
-    steps: list[int | None] = []
-    skipped = 0
-    for row, lineno in zip(rows, lines):
-        cell = row[step_col].strip()
-        if not cell:
-            skipped += 1
-            steps.append(None)
-            continue
-        step = as_step(cell)
-        if step is None:
-            raise SourceError(path, f"step cell {_short(cell)} is not an integer", lineno)
-        steps.append(step)
-    names, values, present = _numeric_columns(rows, columns)
+    # pandas takes most of a second to import: worth it only for a long export.
+    fast = _read_regular(text, delim, len(header), step_col, columns) if len(text) >= PANDAS_FROM_CHARS else None
+    if fast is not None:
+        steps, names, values, present = fast
+        ragged = skipped = 0
+    else:
+        steps, names, values, present, ragged, skipped = _read_cells(path, text, delim, len(header), step_col, columns)
     table = StepTable()
     matrix = values.tolist()
-    full = present.all(axis=1).tolist() if len(names) else [True] * len(rows)
+    full = present.all(axis=1).tolist() if len(names) else [True] * len(steps)
     for k, step in enumerate(steps):
         if step is None:
             continue
@@ -218,35 +198,122 @@ def read_csv(path: Path) -> Source:
     return src
 
 
+def _read_cells(
+    path: Path, text: str, delim: str, width: int, step_col: int, columns: list[tuple[int, str]]
+) -> tuple[list[int | None], list[str], np.ndarray, np.ndarray, int, int]:
+    """Any table, cell by cell with the ``csv`` module: ragged rows, quoted cells, empty step
+    cells, and the line number of a bad step cell for the error."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delim)
+    try:
+        next(reader)
+        rows = []
+        lines = []
+        for row in reader:
+            if row:
+                rows.append(row)
+                lines.append(reader.line_num)
+    except csv.Error as exc:
+        raise SourceError(path, f"malformed CSV ({one_line_exc(exc)})", reader.line_num) from None
+    ragged = sum(1 for r in rows if len(r) != width)
+    if ragged:  # a torn last row, or a writer that changed its columns: missing cells are gaps
+        rows = [r + [""] * (width - len(r)) if len(r) < width else r for r in rows]
+    steps: list[int | None] = []
+    skipped = 0
+    for row, lineno in zip(rows, lines):
+        cell = row[step_col].strip()
+        if not cell:
+            skipped += 1
+            steps.append(None)
+            continue
+        step = as_step(cell)
+        if step is None:
+            raise SourceError(path, f"step cell {_short(cell)} is not an integer", lineno)
+        steps.append(step)
+    names, values, present = _numeric_columns(rows, columns)
+    return steps, names, values, present, ragged, skipped
+
+
 def _numeric_columns(rows: list[list[str]], columns: list[tuple[int, str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Metric names and, per row and column, the value and whether the cell held a number.
 
     A column is parsed in one C-level conversion when every cell is a number; one with empty
     cells (an eval metric, a metric logged every few steps) or words goes cell by cell.
     """
-    keep = plan_names((name for _, name in columns), SUMMARY_KEYS)
-    index = {name: i for i, name in columns}  # a repeated header name: its last column, as in a dict
-    names = [name for _, name in keep]
-    values = np.full((len(rows), len(keep)), np.nan)
-    present = np.ones((len(rows), len(keep)), dtype=bool)
+    names, positions = _metric_columns(columns)
+    values = np.full((len(rows), len(names)), np.nan)
+    present = np.ones((len(rows), len(names)), dtype=bool)
     by_column = list(zip(*rows)) if rows else []
-    for j, (key, _) in enumerate(keep):
-        i = index[key]
+    for j, i in enumerate(positions):
         col = by_column[i] if rows else ()
         try:
             values[:, j] = np.fromiter(map(float, col), dtype=np.float64, count=len(col))
             continue
         except ValueError:
             pass
-        for k, cell in enumerate(col):
-            x = _cell(cell) if cell else _DROP
-            if x is _DROP:
-                present[k, j] = False
-            else:
-                values[k, j] = x
+        _cells_into(col, values[:, j], present[:, j])
     return names, values, present
 
 
+def _metric_columns(columns: list[tuple[int, str]]) -> tuple[list[str], list[int]]:
+    """The metric names kept, and the column each is read from."""
+    keep = plan_names((name for _, name in columns), SUMMARY_KEYS)
+    index = {name: i for i, name in columns}  # a repeated header name: its last column, as in a dict
+    return [name for _, name in keep], [index[key] for key, _ in keep]
+
+
+def _cells_into(col: Any, values: np.ndarray, present: np.ndarray) -> None:
+    for k, cell in enumerate(col):
+        x = _cell(cell) if cell else _DROP
+        if x is _DROP:
+            present[k] = False
+        else:
+            values[k] = x
+
+
+def _read_regular(
+    text: str, delim: str, width: int, step_col: int, columns: list[tuple[int, str]]
+) -> tuple[list[int], list[str], np.ndarray, np.ndarray] | None:
+    """The common export, parsed by pandas' C reader: no quoting, every row as wide as the header,
+    an integer in every step cell. ``None`` for anything else, which ``_read_cells`` then reads
+    cell by cell (and reports with line numbers). Both give the same table where both apply.
+    """
+    if '"' in text:
+        return None
+    import pandas as pd
+
+    # pandas 2's default float parser can be one ulp off; 3 reads floats exactly by default.
+    exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+    try:
+        frame = pd.read_csv(io.StringIO(text), sep=delim, header=None, skiprows=1, na_filter=False,
+                            low_memory=False, engine="c", **exact)
+    except Exception:  # ragged rows, odd bytes: the careful reader decides
+        return None
+    # Every delimiter a separator (no quoting) and every row as wide as the header: a short row
+    # would be padded with NaN, where it means "not measured".
+    if frame.shape[1] != width or text.count(delim) != (width - 1) * (len(frame) + 1):
+        return None
+    step_cells = frame.iloc[:, step_col]
+    if step_cells.dtype.kind not in "iu" or len(frame) == 0:
+        return None
+    names, positions = _metric_columns(columns)
+    values = np.full((len(frame), len(names)), np.nan)
+    present = np.ones((len(frame), len(names)), dtype=bool)
+    for j, i in enumerate(positions):
+        col = frame.iloc[:, i]
+        kind = col.dtype.kind
+        if kind in "fiu":
+            values[:, j] = col.to_numpy(dtype=np.float64)
+        elif kind == "b":  # True/False words: no measurement
+            present[:, j] = False
+        else:
+            _cells_into(col.tolist(), values[:, j], present[:, j])
+    steps = step_cells.tolist()
+    if any(not _STEP_MIN <= st <= _STEP_MAX for st in (min(steps), max(steps))):
+        return None
+    return steps, names, values, present
+
+
+_STEP_MIN, _STEP_MAX = -(2**63), 2**63 - 1
 _DROP = object()
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from monitor.jsonparse import loads
 from monitor.metrics import SUMMARY_KEYS
 from monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
 
@@ -16,7 +17,7 @@ def parse_json(path: Path, data: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise SourceError(path, f"not UTF-8 text (bad byte at offset {exc.start})") from None
     try:
-        return json.loads(text)
+        return loads(text)
     except json.JSONDecodeError as exc:
         what = "truncated JSON" if exc.pos >= len(text.rstrip()) else "invalid JSON"
         raise SourceError(path, f"{what} at line {exc.lineno} column {exc.colno} ({exc.msg})") from None

@@ -1,0 +1,148 @@
+"""The engine: a whole-run replay equals step-by-step updates, in one process or shared out over
+forked ones (findings, their order, the detectors' final state, failures)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+import monitor.engine as engine_module
+from detectors import ALL_DETECTORS
+from detectors.base import Detector, Finding
+from fixtures.synthetic import CASES, generate
+from monitor.engine import Engine
+
+
+def outcome(engine: Engine, raised: list[Finding] | None = None):
+    found = [f.to_dict() for f in (engine.findings if raised is None else raised)]
+    return found, engine.states(), dict(engine.disabled)
+
+
+def stepwise(run, detectors=None):
+    engine = Engine(run.context, detectors if detectors is not None else [c() for c in ALL_DETECTORS])
+    for step, metrics in run.steps:
+        engine.update(step, metrics, run.samples.get(step))
+    return engine
+
+
+@pytest.fixture
+def fork_early(monkeypatch):
+    """Share out even short replays, so labelled runs exercise the forked path."""
+    monkeypatch.setattr(engine_module, "FORK_FROM_STEPS", 50)
+    monkeypatch.setattr(engine_module, "_TIMED_PREFIX", 20)
+
+
+@pytest.mark.parametrize("logging_steps", [1, 10])
+@pytest.mark.parametrize("name", CASES)
+def test_replay_equals_stepwise_updates(name, logging_steps):
+    run = generate(name, seed=0, logging_steps=logging_steps)
+    want = outcome(stepwise(run))
+    engine = Engine(run.context, [c() for c in ALL_DETECTORS])
+    raised = engine.replay(run.steps, run.samples)
+    assert outcome(engine, raised) == want
+    assert outcome(engine) == want
+
+
+class WhereItRan(Detector):
+    """Records the process it ran in; raises at ``fail_at`` when asked to."""
+
+    id = "where_it_ran"
+
+    def __init__(self, fail_at: int | None = None, pause_at: int | None = None) -> None:
+        self.fail_at = fail_at
+        self.pause_at = pause_at
+        super().__init__()
+
+    def _reset(self) -> None:
+        self.pids: set[int] = set()
+        self.seen = 0
+
+    def _update(self, step, metrics, samples):
+        self.pids.add(os.getpid())
+        self.seen += 1
+        if step == self.pause_at:  # long enough for the other process to take the next detector
+            time.sleep(0.5)
+        if self.fail_at is not None and step >= self.fail_at:
+            raise RuntimeError(f"broken at step {step}")
+        if step % 50 == 0:
+            return [Finding(detector=self.id, severity="info", step=step, onset_step=None, variant=None,
+                            config_overrides={}, evidence={"seen": self.seen}, message="checkpoint")]
+        return []
+
+
+class Unpicklable(WhereItRan):
+    id = "unpicklable"
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.lock = threading.Lock()  # a lock cannot be pickled: the child's share comes back empty
+
+
+@pytest.mark.parametrize("name", ["entropy_collapse", "length_coupling", "moe_instability", "healthy_noisy"])
+def test_forked_replay_equals_stepwise_updates(name, fork_early):
+    run = generate(name, seed=1)
+    want = outcome(stepwise(run, [c() for c in ALL_DETECTORS] + [WhereItRan()]))
+    engine = Engine(run.context, [c() for c in ALL_DETECTORS] + [WhereItRan()])
+    raised = engine.replay(run.steps, run.samples, processes=2)
+    assert outcome(engine, raised) == want
+    assert engine.detectors[-1].seen == len(run.steps)
+    assert all(d.n_updates == len(run.steps) for d in engine.detectors)
+
+
+def test_forked_replay_really_forks(fork_early):
+    run = generate("healthy_slow", seed=0)
+    probes = [WhereItRan(pause_at=run.steps[-1][0]) for _ in range(4)]
+    for i, p in enumerate(probes):
+        p.id = f"probe_{i}"
+    engine = Engine(run.context, probes)
+    engine.replay(run.steps, None, processes=2)
+    pids = set().union(*(d.pids for d in engine.detectors))
+    assert os.getpid() in pids and len(pids) == 2
+    assert all(d.seen == len(run.steps) for d in engine.detectors)
+
+
+def test_a_failure_in_a_forked_share_disables_that_detector_alone(fork_early):
+    run = generate("entropy_collapse", seed=2)
+    errors: list[tuple[str, str]] = []
+
+    def build():
+        return [c() for c in ALL_DETECTORS] + [WhereItRan(fail_at=120)]
+
+    want_errors: list[tuple[str, str]] = []
+    want_engine = Engine(run.context, build(), on_error=lambda who, exc: want_errors.append((who, str(exc))))
+    for step, metrics in run.steps:
+        want_engine.update(step, metrics, run.samples.get(step))
+    engine = Engine(run.context, build(), on_error=lambda who, exc: errors.append((who, str(exc))))
+    raised = engine.replay(run.steps, run.samples, processes=2)
+    assert [f.to_dict() for f in raised] == [f.to_dict() for f in want_engine.findings]
+    assert engine.disabled == want_engine.disabled == {"where_it_ran": "RuntimeError: broken at step 120"}
+    assert errors == want_errors == [("detector where_it_ran", "broken at step 120")]
+
+
+def test_a_share_that_cannot_come_back_is_replayed_here(fork_early):
+    run = generate("length_coupling", seed=0)
+    want = outcome(stepwise(run, [c() for c in ALL_DETECTORS] + [Unpicklable()]))
+    engine = Engine(run.context, [c() for c in ALL_DETECTORS] + [Unpicklable()])
+    engine.replay(run.steps, run.samples, processes=2)
+    assert outcome(engine) == want
+    assert engine.detectors[-1].pids == {os.getpid()}
+
+
+def test_no_fork_while_other_threads_run(fork_early):
+    run = generate("healthy_slow", seed=0)
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, daemon=True)
+    worker.start()
+    try:
+        probes = [WhereItRan() for _ in range(3)]
+        for i, p in enumerate(probes):
+            p.id = f"probe_{i}"
+        engine = Engine(run.context, probes)
+        engine.replay(run.steps, None, processes=2)
+    finally:
+        stop.set()
+        worker.join()
+    assert set().union(*(d.pids for d in engine.detectors)) == {os.getpid()}
