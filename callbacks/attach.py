@@ -44,7 +44,8 @@ def attach(
     ``detectors`` (a list replacing the built-in set), ``correctness_reward`` / ``format_reward``
     (reward function names; guessed from the names otherwise), ``correct_threshold`` (a correctness
     reward above it counts as correct; default 0), ``moe_probe_every`` (routing flip-rate probe
-    interval in steps), ``max_text_chars`` (prompt/completion text kept per sample),
+    interval in steps), ``router_tap`` (False: no hooks on a MoE model's routers, so no ``moe/*``
+    routing metrics), ``max_text_chars`` (prompt/completion text kept per sample),
     ``auto_restart`` (stop on a confirmed finding and write a restart plan; off by default),
     ``max_restarts`` (default 2), ``restart_from`` (``before_onset``, ``latest`` or ``initial``).
 

@@ -29,7 +29,7 @@ from monitor.engine import Engine
 from monitor.memory import system_metrics
 from monitor.metrics import SUMMARY_KEYS, normalize_metrics
 from monitor.recommend import Recommender
-from monitor.runlog import RunWriter, _jsonable
+from monitor.runlog import RunWriter, _jsonable, batch_index
 
 logger = logging.getLogger("grpo_monitor")
 # Detector states as TensorBoard scalars: a flat line at 0 is healthy.
@@ -49,7 +49,7 @@ def library_versions() -> dict[str, str | None]:
 
 
 def sample_metrics(samples: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Per-step statistics of this rank's completions that TRL does not log."""
+    """Per-step statistics of the step's completions that TRL does not log."""
     if not samples:
         return {}
     out: dict[str, float] = {"samples/count": float(len(samples))}
@@ -75,6 +75,7 @@ class MonitorCallback(TrainerCallback):
         correct_threshold: float = 0.0,
         parent_run: str | None = None,
         moe_probe_every: int = 10,
+        router_tap: bool = True,
         max_text_chars: int = 2000,
         auto_restart: bool = False,
         max_restarts: int = 2,
@@ -96,6 +97,7 @@ class MonitorCallback(TrainerCallback):
         self.correct_threshold = correct_threshold
         self.parent_run = parent_run
         self.moe_probe_every = moe_probe_every
+        self.use_router_tap = bool(router_tap)
         self.max_text_chars = max_text_chars
         self.auto_restart = bool(auto_restart)
         self.max_restarts = int(max_restarts)
@@ -113,6 +115,8 @@ class MonitorCallback(TrainerCallback):
         self.writer: RunWriter | None = None
         self.router_tap: Any = None
         self.last_step_written = -1
+        self._digest: list[Any] = []
+        self._ranks_disagreed = False
         args = trainer.args
         self.reward_names = list(getattr(trainer, "reward_func_names", []) or [])
         self.correctness_reward = correctness_reward or guess_component(self.reward_names, _CORRECT_HINTS)
@@ -227,6 +231,8 @@ class MonitorCallback(TrainerCallback):
         return lint_trainer(self.trainer, first_run=not self.parent_run and int(state.global_step) == 0)
 
     def _install_router_tap(self, model: Any) -> None:
+        if not self.use_router_tap:
+            return
         from callbacks.router_tap import RouterTap
 
         tap = RouterTap.for_model(model, probe_every=self.moe_probe_every)
@@ -239,25 +245,34 @@ class MonitorCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs:
-            findings = self._guard("step record", self._log, state, dict(logs))
+            step = int(state.global_step)
+            local = (self._guard("reward tap", self.reward_tap.drain, step) or []) if self.reward_tap else []
+            # Every rank reaches this collective at every log, whatever failed above: a rank that
+            # skipped it would leave the others waiting forever.
+            batch, digests = _share_across_ranks(local, self._digest, self.report_error)
+            findings = self._guard("step record", self._log, state, dict(logs), local, batch)
+            self._digest = [(f.detector, f.severity, f.step) for f in findings or []]
+            if digests is not None and state.is_world_process_zero:
+                self._guard("rank agreement", self._check_agreement, step, digests)
             if self.auto_restart and self.restart_plan is None:
                 self._guard("auto-restart", self._maybe_restart, args, state, control, findings or [])
         return control
 
-    def _log(self, state: Any, logs: dict[str, Any]) -> list[Any]:
+    def _log(self, state: Any, logs: dict[str, Any], local: list[dict[str, Any]], samples: list[dict[str, Any]]) -> list[Any]:
+        """One step record: ``local`` are this rank's samples (its own file), ``samples`` the
+        whole step's from every rank, which the detectors see on every rank alike."""
         step = int(state.global_step)
         writer = self.writer
         if writer is None:
-            return
+            return []
         if SUMMARY_KEYS & logs.keys():
             writer.write({"type": "summary", "step": step, "metrics": normalize_metrics(logs)})
             return []
         metrics = normalize_metrics(logs)
         metrics.update(self._guard("system metrics", system_metrics, True) or {})
-        samples = self._guard("reward tap", self.reward_tap.drain, step) if self.reward_tap else None
-        samples = samples or []
+        if local:
+            self._guard("samples", writer.samples, local)
         if samples:
-            self._guard("samples", writer.samples, samples)
             metrics.update(sample_metrics(samples))
         record: dict[str, Any] = {"type": "step", "step": step, "time": time.time(), "metrics": metrics}
         if self.router_tap is not None:
@@ -281,6 +296,19 @@ class MonitorCallback(TrainerCallback):
                 logger.warning("grpo-monitor: recommended %s: %s", r["variant"], r["python"])
         self.last_step_written = step
         return findings
+
+    def _check_agreement(self, step: int, digests: list[Any]) -> None:
+        """Every rank runs the detectors on the same inputs, so their findings must agree; a
+        disagreement (a detector failing on one rank only, say) is recorded once."""
+        if self._ranks_disagreed or all(d == digests[0] for d in digests):
+            return
+        self._ranks_disagreed = True
+        differing = [r for r, d in enumerate(digests) if d != digests[0]]
+        message = (f"findings differ across ranks before step {step}: rank 0 {digests[0]}, "
+                   + ", ".join(f"rank {r} {digests[r]}" for r in differing))
+        logger.warning("grpo-monitor: %s", message)
+        if self.writer is not None:
+            self.writer.write({"type": "note", "step": step, "level": "warning", "message": message})
 
     def _to_tensorboard(self, step: int, states: dict[str, str], findings: list[Any], recs: list[dict[str, Any]]) -> None:
         """Findings where TensorBoard users look: one scalar per detector state, and the findings as text."""
@@ -380,6 +408,30 @@ class MonitorCallback(TrainerCallback):
         if self.writer is not None:
             self._guard("run log", self.writer.close)
             self.writer = None
+
+
+def _share_across_ranks(
+    local: list[dict[str, Any]], digest: list[Any], report: Any
+) -> tuple[list[dict[str, Any]], list[Any] | None]:
+    """The step's samples from every rank (by global index) and each rank's findings of the
+    previous log; on one process, this rank's samples and no digests."""
+    try:
+        import torch.distributed as dist
+
+        multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    except ImportError:
+        multi = False
+    if not multi:
+        return local, None
+    gathered: list[Any] = [None] * dist.get_world_size()
+    try:
+        dist.all_gather_object(gathered, (local, digest))
+    except Exception as exc:  # the collective itself failed: go on with this rank's own view
+        report("rank exchange", exc)
+        return local, None
+    merged = [s for part in gathered if part for s in part[0]]
+    merged.sort(key=batch_index)
+    return merged, [part[1] if part else None for part in gathered]
 
 
 def _agree_across_ranks(plan: Any) -> Any:

@@ -122,3 +122,13 @@ def test_system_metrics_are_recorded(trained):
     _, run_dir, _, _ = trained
     frame = load_run(run_dir)
     assert (frame["system/rss_peak_gib"] > 0).all()
+
+
+def test_router_tap_can_be_left_off(tmp_path):
+    """``router_tap=False``: no tap on the MoE routers, so no routing metrics (with the tap on, the
+    same model logs them: test_router_tap.py); everything else is recorded."""
+    trainer, callback = train_tiny(tmp_path, steps=2, moe=True, attach_options={"router_tap": False})
+    assert callback.router_tap is None and not callback.errors
+    frame = load_run(tmp_path)
+    assert len(frame) == 2 and "entropy" in frame.columns
+    assert not [c for c in frame.columns if c.startswith("moe/") and c != "moe/aux_loss"]

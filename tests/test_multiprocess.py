@@ -1,5 +1,6 @@
 """Two CPU processes (torchrun, gloo): rank 0 writes the shared log, every rank its samples,
-and an auto-restart stops every rank at the same step."""
+every rank's detectors see the whole batch (so all agree, and with the offline replay), and an
+auto-restart stops every rank at the same step."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor import read_run
+from detectors import ALL_DETECTORS
+from monitor import analyze, read_run
 from monitor.restart import read_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +47,7 @@ def test_two_ranks_write_their_own_samples_and_one_shared_log(tmp_path):
             merged = np.mean([s["rewards"][comp] for s in samples])
             assert merged == pytest.approx(rec["metrics"][f"rewards/{comp}/mean"], abs=1e-6)
         assert np.mean([s["length"] for s in samples]) == pytest.approx(rec["metrics"]["completions/mean_length"], abs=1e-6)
+        assert rec["metrics"]["samples/count"] == 16  # the detectors saw both ranks' completions
 
 
 def test_auto_restart_stops_every_rank_at_the_same_step(tmp_path):
@@ -59,6 +62,15 @@ def test_auto_restart_stops_every_rank_at_the_same_step(tmp_path):
     first = stops[:2]
     assert sorted(r for r, _ in first) == ["0", "1"] and {s for _, s in first} == {str(plan.step)}
     assert (tmp_path / "out" / f"checkpoint-{plan.step}").is_dir()
+    # Findings: every rank computed the same ones (else a note says where they differ), and the
+    # offline replay of the merged per-rank samples raises them at the same steps.
+    first_segment = read_run(run_dir)
+    ids = {cls.id for cls in ALL_DETECTORS}  # the pre-flight lint's config_* findings are not replayed
+    live = [(f["detector"], f["severity"], f["step"], f["onset_step"]) for f in first_segment.findings if f["detector"] in ids]
+    assert any(d == "entropy_collapse" for d, *_ in live)
+    assert not [n for n in first_segment.notes if "differ across ranks" in n.get("message", "")]
+    replayed = analyze(run_dir).runs[0].findings
+    assert [(f.detector, f.severity, f.step, f.onset_step) for f in replayed] == live
     child = read_run(run_dir / "segment-1")
     assert child.header["config"]["epsilon_high"] == 0.28 and child.header["parent_run"] == plan.parent_run
     assert child.header["world_size"] == 2 and child.header["config"]["output_dir"].endswith("segment-1")
