@@ -329,21 +329,159 @@ class _Scalars:
         self.order.append(np.asarray(order, dtype=np.int64))
 
 
+# Sequential stretches: the first one, the longest one (reached by doubling while no period shows),
+# the one after a broken prediction (enough records to see a few periods again), and the one after
+# a pattern that held a while broke (enough to step over a few one-off records, such as an
+# evaluation's scalars between two training steps, and see whether the pattern goes on).
+_WALK_FIRST = 4096
+_WALK_MAX = 1 << 15
+_WALK_MIN = 64
+_WALK_RESUME = 32
+_RESUME_TAIL = 12  # latest sizes that must follow the broken pattern for it to be taken up again
+_RESUME_MISSES = 2  # times in a row it may then break within a period before it is given up
+_MAX_PERIOD = 512
+_SPAN_MIN = 256  # fewest latest record sizes that must repeat before a period is trusted
+_PERIOD_TAIL = 16  # sizes compared for every candidate period before the full check
+_PREDICT_MAX = 1 << 16  # records predicted and checked at once
+
+
 def _frame(buf: bytes) -> np.ndarray:
-    """Start offsets of the records, following the length fields (bounds are checked by the caller)."""
+    """Start offsets of the records, following the length fields (bounds are checked by the caller).
+
+    Every offset is the one the plain walk (read the length at ``pos``, go to ``pos + length + 16``
+    until fewer than 8 bytes are left; drop a last offset beyond the end) gives, for any bytes. A
+    training log repeats the same record sizes step after step, so once a stretch walked one record
+    at a time shows a period, the following offsets are predicted from it and each prediction is
+    checked against the length stored there, all at once with numpy; the walk goes on from the
+    first offset whose length differs.
+
+    >>> rec = lambda n: struct.pack("<Q", n) + bytes(n + 8)
+    >>> _frame(rec(3) + rec(0) + b"xy").tolist()
+    [0, 19, 35]
+    """
+    n = len(buf)
+    u64 = _view(buf, "<u8")  # u64[p] is the length field of a record starting at p (p + 8 <= n)
+    parts: list[np.ndarray] = []
+    pos = 0
+    walk = _WALK_FIRST
+    held: np.ndarray | None = None  # the pattern that last held for at least a period
+    misses = 0  # predictions from ``held`` since, that did not hold for a period
+    while True:
+        starts, pos, done = _walk(buf, pos, walk)
+        if done or pos > n - 8:  # the file ends here or with the next walk (``pos`` may not fit numpy)
+            parts.append(np.array(starts, dtype=np.int64))
+            if done:
+                break
+            continue
+        starts.append(pos)
+        known = np.array(starts, dtype=np.int64)
+        parts.append(known[:-1])
+        sizes = known[1:] - known[:-1]
+        pattern = _resumed(held, sizes) if held is not None else None
+        if pattern is None:
+            held = None
+            period = _period(sizes)
+            pattern = sizes[len(sizes) - period :] if period else None
+        if pattern is None:
+            walk = min(2 * walk, _WALK_MAX)
+            continue
+        pos, count = _predict(u64, n, pos, pattern, parts)
+        if count >= len(pattern):
+            held, misses, walk = pattern, 0, _WALK_RESUME
+        elif held is not None and misses < _RESUME_MISSES:  # one-off records close together
+            misses, walk = misses + 1, _WALK_RESUME
+        else:  # a period seen by chance: look again over records that no longer reach back to it
+            held, walk = None, max(_WALK_MIN, _period_span(len(pattern)) + 1)
+    return np.concatenate(parts)
+
+
+def _walk(buf: bytes, pos: int, count: int) -> tuple[list[int], int, bool]:
+    """Up to ``count`` record starts from ``pos``, the next start, and whether the file ended."""
     starts: list[int] = []
     add = starts.append
     unpack = _U64.unpack_from
-    pos = 0
-    try:  # the tightest loop CPython allows; it ends when fewer than 8 bytes are left at ``pos``
-        while True:
+    try:
+        for _ in range(count):
             add(pos)
             pos += unpack(buf, pos)[0] + 16
     except (struct.error, OverflowError):  # OverflowError: a damaged length sent ``pos`` beyond any offset
-        pass
-    if starts[-1] > len(buf):  # only the last offset can lie beyond the end: every other one was read
-        starts.pop()
-    return np.array(starts, dtype=np.int64)
+        if starts[-1] > len(buf):  # only the last offset can lie beyond the end: every other one was read
+            starts.pop()
+        return starts, pos, True
+    return starts, pos, False
+
+
+def _windows(a: np.ndarray, width: int) -> np.ndarray:
+    """Row ``i`` is ``a[i : i + width]`` (a view; ``a`` must be contiguous)."""
+    return np.ndarray((len(a) - width + 1, width), dtype=a.dtype, buffer=a, strides=(a.itemsize, a.itemsize))
+
+
+def _resumed(pattern: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
+    """``pattern`` turned to the phase that goes on after ``sizes``, if their latest ones follow it."""
+    period = len(pattern)
+    tail = min(_RESUME_TAIL, len(sizes))
+    need = period + tail - 1  # every phase's run of ``tail`` sizes
+    ring = np.concatenate((pattern, pattern[: tail - 1])) if tail <= period + 1 else np.resize(pattern, need)
+    hits = np.flatnonzero((_windows(ring, tail) == sizes[len(sizes) - tail :]).all(axis=1))
+    if not len(hits):
+        return None
+    turn = (int(hits[0]) + tail) % period
+    return np.concatenate((pattern[turn:], pattern[:turn]))
+
+
+def _period_span(period: int) -> int:
+    """How many of the latest record sizes must repeat with ``period`` before it is trusted."""
+    return max(8 * period, _SPAN_MIN)
+
+
+def _period(sizes: np.ndarray) -> int | None:
+    """The smallest period with which the latest record sizes repeat, if any (up to ``_MAX_PERIOD``)."""
+    m = len(sizes)
+    top = min(_MAX_PERIOD, m // 2)
+    tail = min(_PERIOD_TAIL, m - top)
+    if top < 1 or tail < 1:
+        return None
+    # Row i holds the ``tail`` sizes ending ``top - i`` records before the last: a cheap first cut.
+    rows = _windows(sizes[m - tail - top :], tail)
+    agree = (rows[:top] == rows[top]).all(axis=1)
+    for period in (top - np.flatnonzero(agree))[::-1].tolist():
+        recent = sizes[max(0, m - _period_span(period)) :]
+        if np.array_equal(recent[period:], recent[:-period]):
+            return period
+    return None
+
+
+def _predict(u64: np.ndarray, n: int, pos: int, pattern: np.ndarray, out: list[np.ndarray]) -> tuple[int, int]:
+    """Append to ``out`` the starts from the true start ``pos`` on, assuming the record sizes repeat
+    ``pattern``; each is kept only while the length stored at it is the one predicted (so the next
+    start is right too). Returns the first start not confirmed, itself a true start, and how many
+    were."""
+    period = len(pattern)
+    offsets = np.cumsum(pattern) - pattern
+    lengths = (pattern - 16).astype(np.uint64)
+    whole = int(offsets[-1] + pattern[-1])
+    reps = max(1, 256 // period)  # doubled while predictions hold: small, in case they soon break
+    last = n - 8  # the last offset a length can be read at
+    count = 0
+    while pos <= last:
+        # Periods that cannot start before the end would only waste work (and could overflow int64).
+        reps = min(reps, (n - pos) // whole + 1)
+        at = (pos + whole * np.arange(reps, dtype=np.int64)[:, None] + offsets).ravel()
+        if at[-1] <= last:  # starts only grow: all of them can be read
+            ok = u64[at].reshape(reps, period) == lengths
+        else:
+            fits = at <= last
+            ok = fits.reshape(reps, period) & (u64[np.where(fits, at, 0)].reshape(reps, period) == lengths)
+        if ok.all():
+            out.append(at)
+            count += len(at)
+            pos += reps * whole
+            reps = min(2 * reps, max(1, _PREDICT_MAX // period))
+            continue
+        first = int(np.argmin(ok.ravel()))
+        out.append(at[:first])
+        return int(at[first]), count + first
+    return pos, count
 
 
 def _view(buf: bytes, dtype: str) -> np.ndarray:
