@@ -4,8 +4,10 @@ Writes one run in each supported format (our run directory, ``trainer_state.json
 event file written by ``torch.utils.tensorboard.SummaryWriter`` the way transformers'
 TensorBoard callback writes it, a W&B-style CSV and a verl-style JSONL), times ``load_source`` on
 each, times TensorBoard's own ``EventAccumulator`` and ``tbparse.SummaryReader`` on the same event
-file, and times the end-to-end offline analysis (``monitor.analysis.analyze``: read + replay of
-every detector) per format. Results go to the ``ingest`` section of benchmarks/RESULTS.md.
+file, and times the end-to-end offline analysis per format: ``monitor.analysis.analyze`` (read +
+replay of every detector + key curves) in this process, and ``grpo-monitor analyze PATH`` in a
+fresh one (interpreter start, imports and the printed report included). The target (≤ 5 s) is
+judged on the slower of the two. Results go to the ``ingest`` section of benchmarks/RESULTS.md.
 
     python benchmarks/ingest.py                 # the full run: ~10 minutes on 2 busy cores, most of it
                                                 # EventAccumulator, tbparse and the detectors' replay
@@ -21,6 +23,7 @@ import math
 import os
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -196,12 +199,15 @@ def check_replica(folder: Path, steps: int = 200) -> None:
     shutil.rmtree(folder)
 
 
-def timed(fn, repeat: int = 1):
+def timed(fn, repeat: int = 1, every: list | None = None):
     best, out = math.inf, None
     for _ in range(repeat):
         t = time.perf_counter()
         out = fn()
-        best = min(best, time.perf_counter() - t)
+        secs = time.perf_counter() - t
+        best = min(best, secs)
+        if every is not None:
+            every.append(secs)
     return best, out
 
 
@@ -238,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help="keep the generated logs here (reused when already there)")
     ap.add_argument("--no-results", action="store_true", help="print only; leave RESULTS.md alone")
     ap.add_argument("--no-peers", action="store_true", help="skip EventAccumulator and tbparse")
+    ap.add_argument("--repeat", type=int, default=3, help="end-to-end runs per format; the best counts (default 3)")
     ap.add_argument("--summarywriter", action="store_true",
                     help="write the whole event file with SummaryWriter (about 4 minutes more on 2 cores)")
     args = ap.parse_args(argv)
@@ -282,13 +289,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tbparse.SummaryReader     {secs:7.2f} s")
 
         e2e: dict[str, float] = {}
+        e2e_all: dict[str, list[float]] = {}
+        cli: dict[str, float] = {}
+        cli_all: dict[str, list[float]] = {}
         try:
             from monitor.analysis import analyze
         except ImportError:
             analyze = None
         for fmt, p in paths.items():
             if analyze is not None:
-                secs, report = timed(lambda p=p: analyze(p))
+                e2e_all[fmt] = []
+                secs, report = timed(lambda p=p: analyze(p), repeat=args.repeat, every=e2e_all[fmt])
                 assert report.runs[0].steps == args.steps
             else:  # fall back to what analyze does: read, then replay every step through the engine
                 from monitor.engine import Engine
@@ -301,18 +312,25 @@ def main(argv: list[str] | None = None) -> int:
 
                 secs, _ = timed(replay)
             e2e[fmt] = secs
-            print(f"end to end {fmt:14s}  {secs:7.2f} s")
+            cli_all[fmt] = []
+            cli[fmt], _ = timed(lambda p=p: subprocess.run([sys.executable, "-m", "monitor", "analyze", str(p)],
+                                                            stdout=subprocess.DEVNULL, cwd=ROOT), repeat=2,
+                                every=cli_all[fmt])
+            runs = ", ".join(f"{x:.2f}" for x in e2e_all.get(fmt, []))
+            print(f"end to end {fmt:14s}  {secs:7.2f} s  (runs: {runs}); CLI {cli[fmt]:.2f} s")
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
 
     if not args.no_results:
-        update_section("ingest", render(args.steps, load, peers, e2e, sizes, analyze is not None, tb_how))
+        update_section("ingest", render(args.steps, load, peers, e2e, sizes, analyze is not None, tb_how, e2e_all, cli))
         print("updated benchmarks/RESULTS.md (ingest)")
     return 0
 
 
-def render(steps: int, load: dict, peers: dict, e2e: dict, sizes: dict, have_analyze: bool, tb_how: str) -> str:
+def render(steps: int, load: dict, peers: dict, e2e: dict, sizes: dict, have_analyze: bool, tb_how: str,
+           e2e_all: dict | None = None, cli: dict | None = None) -> str:
+    e2e_all, cli = e2e_all or {}, cli or {}
     uname = f"`uname -m`: {os.uname().machine}, `nproc`: {os.cpu_count()}"
     lines = [
         "## Log ingest (`benchmarks/ingest.py`)",
@@ -320,17 +338,23 @@ def render(steps: int, load: dict, peers: dict, e2e: dict, sizes: dict, have_ana
         f"{stamp()} · {uname}",
         "",
         f"One run of {steps:,} logged steps × {len(METRICS)} metrics in each format; `load_source` best of 2, "
-        f"peers and end-to-end timed once. TensorBoard file: `train/<key>` tags, one event per scalar, as transformers "
-        f"writes it; written by {tb_how}.",
+        f"end to end best of {max((len(v) for v in e2e_all.values()), default=1)} (every run listed: the machine's "
+        f"other work moves single runs by up to half), peers timed once. TensorBoard file: `train/<key>` tags, one "
+        f"event per scalar, as transformers writes it; written by {tb_how}. `analyze` replays the detectors in "
+        f"{os.cpu_count()} processes here (`Engine.replay`, forked, costliest detector first).",
         "",
-        "| format | size | `load_source` | end to end" + (" (`analyze`)" if have_analyze else " (read + `Engine` replay)")
-        + " | of which detector replay |",
-        "|---|---|---|---|---|",
+        "| format | size | `load_source` | end to end" + (" (`monitor.analyze`)" if have_analyze else " (read + `Engine` replay)")
+        + " | every end-to-end run | of which after reading | `grpo-monitor analyze PATH` (a fresh process, best of 2) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for fmt in load:
-        ok = "" if e2e[fmt] <= 5 else " (target ≤ 5 s: NOT met)"
+        worst = max(e2e[fmt], cli.get(fmt, 0.0))
+        ok = " (target ≤ 5 s: met)" if worst <= 5 else " (target ≤ 5 s: NOT met)"
         replay = max(e2e[fmt] - load[fmt], 0.0)
-        lines.append(f"| {fmt} | {sizes[fmt] / 1e6:.0f} MB | {load[fmt]:.2f} s | {e2e[fmt]:.2f} s{ok} | ≈ {replay:.1f} s |")
+        runs = ", ".join(f"{x:.2f}" for x in e2e_all.get(fmt, [])) or "—"
+        shown = f"{cli[fmt]:.2f} s{ok}" if fmt in cli else "—"
+        lines.append(f"| {fmt} | {sizes[fmt] / 1e6:.0f} MB | {load[fmt]:.2f} s | {e2e[fmt]:.2f} s | {runs} s "
+                     f"| ≈ {replay:.1f} s | {shown} |")
     if peers:
         tb = load["tensorboard"]
         lines += ["", "TensorBoard ingest of the same event file:", "", "| reader | time | ours is faster by |", "|---|---|---|",

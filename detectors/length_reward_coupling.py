@@ -214,11 +214,16 @@ class LengthRewardCoupling(EpisodeDetector):
         ev["window"] = {"from_step": start, "to_step": step, "points": len(lv)}
         if len(lv) < self.min_points or len(cv) < max(4, self.min_points - 2):
             return Assessment(level=0, evidence=ev)
-        mk_len = mann_kendall([math.log(v) for v in lv], ls)
         span = max(ls[-1] - ls[0], 1)
         growth = theil_sen(ls, lv) * span / max(median(lv), 1e-9)
+        if growth < self.min_growth:  # no coupling without length growth: nothing below could raise the level
+            ev["length_trend"] = {"relative_growth": fin(growth), "threshold_growth": self.min_growth}
+            return Assessment(level=0, evidence=ev)
+        mk_len = mann_kendall([math.log(v) for v in lv], ls)
         ev["length_trend"] = dict(mk_len.as_evidence(), relative_growth=fin(growth))
-        length_rising = mk_len.p_up < self.alpha and growth >= self.min_growth
+        length_rising = mk_len.p_up < self.alpha
+        if not length_rising:  # nor without a significant trend
+            return Assessment(level=0, evidence=ev)
         mk_c = mann_kendall(cv, cs)
         # Least squares, not Theil-Sen: a binary-reward mean is quantised and its pairwise slopes
         # tie at 0. One standard error is added, so a noisy correctness must be clearly flat.

@@ -15,6 +15,7 @@ plain Python because numpy's per-call overhead dominates below a few dozen value
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -85,6 +86,15 @@ class TrendResult:
         }
 
 
+@functools.lru_cache(maxsize=64)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs ``i < j`` of ``n`` points (the trend tests ask for the same few ``n`` every step)."""
+    i, j = np.triu_indices(n, 1)
+    i.setflags(write=False)
+    j.setflags(write=False)
+    return i, j
+
+
 def theil_sen(x: Sequence[float], y: Sequence[float]) -> float:
     """Theil-Sen slope (median of pairwise slopes) of y against x; pairs with equal x are skipped.
 
@@ -97,7 +107,7 @@ def theil_sen(x: Sequence[float], y: Sequence[float]) -> float:
         return 0.0
     xa = np.asarray(x, dtype=float)
     ya = np.asarray(y, dtype=float)
-    i, j = np.triu_indices(n, 1)
+    i, j = _pairs(n)
     dx = xa[j] - xa[i]
     keep = dx != 0
     if not keep.any():
@@ -153,7 +163,7 @@ def mann_kendall(y: Sequence[float], x: Sequence[float] | None = None) -> TrendR
     if n < 3:
         return TrendResult(n, 0.0, 0.0, 0.0, 0.5, 0.5, 1.0)
     ya = np.asarray(y, dtype=float)
-    i, j = np.triu_indices(n, 1)
+    i, j = _pairs(n)
     d = np.sign(ya[j] - ya[i])
     s = float(d.sum())
     # Tie correction.

@@ -23,7 +23,6 @@ from monitor.recommend import Recommender
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm")
-_INF, _NEG_INF = math.inf, -math.inf
 _BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -82,12 +81,7 @@ def analyze_one(path: str | os.PathLike[str], detectors: Sequence[Any] | None = 
     with _collector_paused():
         src = load_source(path)
         findings, recs = replay(src, detectors)
-    series: dict[str, list[tuple[int, float]]] = {}
-    for name in CURVES:
-        # A source's values are floats or None (a gap); NaN fails both comparisons.
-        pts = [(s, v) for s, m in src.steps if (v := m.get(name)) is not None and _NEG_INF < v < _INF]
-        if pts:
-            series[name] = pts
+        series = key_curves(src.steps)
     return RunReport(
         source=str(path),
         format=src.format,
@@ -98,6 +92,21 @@ def analyze_one(path: str | os.PathLike[str], detectors: Sequence[Any] | None = 
         model=dict(src.context.model),
         warnings=list(src.warnings),
     )
+
+
+def key_curves(steps: Sequence[tuple[int, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """``(step, value)`` of each curve in ``CURVES`` the run logged, finite values only."""
+    import numpy as np
+
+    at = np.fromiter((s for s, _ in steps), dtype=np.int64, count=len(steps))
+    series: dict[str, list[tuple[int, float]]] = {}
+    for name in CURVES:
+        # A source's values are floats or None (a gap); None becomes NaN here, dropped with inf.
+        values = np.array([m.get(name) for _, m in steps], dtype=np.float64)
+        keep = np.isfinite(values)
+        if keep.any():
+            series[name] = list(zip(at[keep].tolist(), values[keep].tolist()))
+    return series
 
 
 @contextlib.contextmanager

@@ -159,8 +159,8 @@ class RunWriter:
 def _decode_metrics(metrics: Any) -> dict[str, float | None]:
     if not isinstance(metrics, Mapping):
         return {}
-    if set(map(type, metrics.values())) <= _PLAIN:  # the common case, checked at C speed: nothing to decode
-        return dict(metrics)
+    if type(metrics) is dict and set(map(type, metrics.values())) <= _PLAIN:
+        return metrics  # the common case, checked at C speed: a freshly parsed dict, nothing to decode
     return {str(k): decode(v) for k, v in metrics.items()}
 
 

@@ -277,3 +277,42 @@ def beyond_64_bits_as_float(value):
     if type(value) is int and not -(2**63) <= value < 2**64:
         return float(value)
     return value
+
+
+SCALAR = st.none() | st.booleans() | st.integers(-3, 10**20) | st.floats() | st.sampled_from(["7", "x", "1.5"])
+STEPISH = st.sampled_from(["step", "_step", "global_step", "train/global_step", "training/global_step",
+                           "trainer/global_step", "loss", "data", "metrics"])
+
+
+@FUZZ
+@given(
+    lines=st.lists(
+        st.tuples(st.dictionaries(STEPISH, SCALAR, max_size=3), st.sampled_from(["data", "metrics"]),
+                  st.one_of(st.dictionaries(KEYS | STEPISH, SCALAR, max_size=6), SCALAR)),
+        min_size=1, max_size=6),
+)
+def test_jsonl_nested_records_read_as_flattened(lines):
+    """``{"step": 7, "data": {...}}`` lines skip the flat copy: the same table as flattening them."""
+    import monitor.sources.tabular as tabular
+
+    text = "".join(json.dumps({**outer, nested: inner}) + "\n" for outer, nested, inner in lines)
+    results = []
+    for shortcut in (True, False):
+        original = tabular._only_nested
+        if not shortcut:
+            tabular._only_nested = lambda keys: None
+        try:
+            with folder() as d:
+                (d / "m.jsonl").write_text(text)
+                try:
+                    src = load_source(d / "m.jsonl")
+                    results.append((src.steps, [w.replace(str(d), "") for w in src.warnings]))
+                except SourceError as exc:
+                    results.append(str(exc).replace(str(d), ""))
+        finally:
+            tabular._only_nested = original
+    fast, flat = results
+    if isinstance(fast, str) or isinstance(flat, str):
+        assert fast == flat
+    else:
+        assert same_steps(fast[0], flat[0]) and fast[1] == flat[1]

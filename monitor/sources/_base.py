@@ -131,6 +131,7 @@ class StepTable:
         self._last: int | None = None
         self.conflicts = 0
         self.first_conflict: int | None = None
+        self._merged: set[int] = set()
 
     def add(self, step: int, metrics: Metrics) -> None:
         old = self._steps.get(step)
@@ -140,6 +141,10 @@ class StepTable:
                 self._sorted = False
             self._last = step
             return
+        if old is not metrics and step not in self._merged:
+            # The first record's dict may be shared with its reader (a run log's step record): merge into a copy.
+            old = self._steps[step] = dict(old)
+            self._merged.add(step)
         for k, v in metrics.items():
             if v is None:
                 old.setdefault(k, None)
@@ -179,16 +184,24 @@ class Normalizer:
     keeps a 100k-step log from normalising three million names one by one.
     """
 
-    def __init__(self, drop: Iterable[str] = ()) -> None:
+    def __init__(self, drop: Iterable[str] = (), owned: bool = False) -> None:
         self._plans: dict[tuple[Any, ...], tuple[tuple[str, ...], Any] | None] = {}
         self._drop = frozenset(drop)
+        # ``owned``: callers hand over dicts nobody else holds, so one already in canonical names
+        # with float values (our own run log) is returned as it is instead of copied.
+        self._owned = owned
+        self._canonical: set[tuple[Any, ...]] = set()
 
     def __call__(self, logs: Mapping[str, Any]) -> Metrics:
         keys = tuple(logs)
+        if keys in self._canonical and type(logs) is dict and set(map(type, logs.values())) <= _FLOATS:
+            return logs  # type: ignore[return-value]
         plan = self._plans.get(keys, False)
         if plan is False:
             plan = self._plan(keys)
             self._plans[keys] = plan
+            if self._owned and plan is not None and plan[0] == keys:
+                self._canonical.add(keys)
         if plan is None:
             return self._reference(logs)
         names, pick = plan

@@ -24,7 +24,7 @@ def read_run_dir(path: Path) -> Source:
         raise SourceError(None, str(exc)) from None
     src = Source(path=log.path, format="run_dir", run=log, warnings=list(log.warnings))
     table = StepTable()
-    norm = Normalizer()
+    norm = Normalizer(owned=True)  # the parsed step records are ours to keep
     for rec in log.steps:
         step = as_step(rec["step"])
         if step is None:

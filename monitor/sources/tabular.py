@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from monitor.jsonparse import loads
-from monitor.metrics import SUMMARY_KEYS
+from monitor.metrics import SUMMARY_KEYS, normalize
 from monitor.sources._base import (
     Normalizer,
     Source,
@@ -67,18 +67,36 @@ def read_jsonl(path: Path) -> Source:
     table = StepTable()
     norm = Normalizer(drop=SUMMARY_KEYS)
     no_step = 0
+    shapes: dict[tuple[Any, ...], str | None] = {}
     for lineno, rec in records:
         if not isinstance(rec, dict):
             raise SourceError(path, f"expected a JSON object per line, got {type(rec).__name__}", lineno)
-        flat = _flatten(rec)
-        key = _step_key(flat)
+        keys = tuple(rec)
+        nested = shapes.get(keys, False)
+        if nested is False:
+            nested = shapes[keys] = _only_nested(keys)
+        if nested is not None and type(inner := rec[nested]) is dict:
+            # ``{"step": 7, "data": {...}}``: the flattened record would only add step fields,
+            # which normalising drops, so the metrics are the nested dict's; no flat copy needed.
+            key = value = None
+            for field in STEP_FIELDS:
+                v = inner[field] if field in inner else rec.get(field)
+                if v is not None:
+                    key, value = field, v
+                    break
+            metrics_of = inner
+        else:
+            flat = _flatten(rec)
+            key = _step_key(flat)
+            value = flat[key] if key is not None else None
+            metrics_of = flat
         if key is None:
             no_step += 1
             continue
-        step = as_step(flat[key])
+        step = as_step(value)
         if step is None:
-            raise SourceError(path, f"'{key}' is {_short(flat[key])}, expected an integer step", lineno)
-        table.add(step, norm(flat))
+            raise SourceError(path, f"'{key}' is {_short(value)}, expected an integer step", lineno)
+        table.add(step, norm(metrics_of))
     if not len(table):
         raise SourceError(path, f"no line has a step field ({', '.join(STEP_FIELDS)})")
     if no_step:
@@ -99,6 +117,15 @@ def _parse_all(path: Path, lines: list[bytes]) -> list[tuple[int, Any]]:
             msg = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.__class__.__name__
             raise SourceError(path, f"corrupt JSON line ({msg})", i) from None
     return out
+
+
+def _only_nested(keys: tuple[Any, ...]) -> str | None:
+    """The nested field of a record shaped ``{step fields..., "data": {...}}``, else None."""
+    nested = [k for k in keys if k in NESTED_FIELDS]
+    if len(nested) != 1:
+        return None
+    others = [k for k in keys if k != nested[0]]
+    return nested[0] if all(isinstance(k, str) and normalize(k) == "step" for k in others) else None
 
 
 def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
