@@ -110,12 +110,18 @@ class Engine:
         import multiprocessing
         import pickle
 
-        head = min(_TIMED_PREFIX, len(steps) // 10)
+        ctx = multiprocessing.get_context("fork")
+        try:
+            taken = ctx.Value("i", 0)
+        except OSError:  # no shared memory here: one process does it all
+            taken = None
+        head = min(_TIMED_PREFIX, len(steps) // 10) if taken is not None else 0
         found, errors, cost = _replay_span(jobs, steps, per_step, 0, head)
         failed = {j for _, j, _, _ in errors}
         order = sorted((jd for jd in jobs if jd[0] not in failed), key=lambda jd: -cost.get(jd[0], 0.0))
-        ctx = multiprocessing.get_context("fork")
-        taken = ctx.Value("i", 0)
+        if taken is None:
+            more, errs, _ = _replay_span(order, steps, per_step, head, len(steps))
+            return found + more, errors + errs
 
         def drain() -> tuple[list[Any], list[Any], dict[int, Detector]]:
             out_found: list[Any] = []
@@ -145,7 +151,12 @@ class Engine:
         for _ in range(min(workers, len(order)) - 1):
             recv, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=child, args=(send,), daemon=True)
-            proc.start()
+            try:
+                proc.start()
+            except Exception:  # e.g. inside a daemonic worker, which may not have children: go on without
+                recv.close()
+                send.close()
+                break
             send.close()
             children.append((proc, recv))
         more, errs, finished = drain()

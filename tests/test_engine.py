@@ -146,3 +146,26 @@ def test_no_fork_while_other_threads_run(fork_early):
         stop.set()
         worker.join()
     assert set().union(*(d.pids for d in engine.detectors)) == {os.getpid()}
+
+
+def _replay_in_daemon(run, out):
+    probes = [WhereItRan() for _ in range(3)]
+    for i, p in enumerate(probes):
+        p.id = f"probe_{i}"
+    engine = Engine(run.context, probes)
+    engine.replay(run.steps, None, processes=2)
+    out.put(sorted(d.seen for d in engine.detectors))
+
+
+def test_replay_inside_a_daemonic_process_goes_on_alone(fork_early):
+    """A daemonic process may not start children: the replay then runs in that process alone."""
+    import multiprocessing
+
+    run = generate("healthy_slow", seed=0)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_replay_in_daemon, args=(run, out), daemon=True)
+    proc.start()
+    seen = out.get(timeout=120)
+    proc.join(timeout=60)
+    assert proc.exitcode == 0 and seen == [len(run.steps)] * 3
