@@ -35,6 +35,13 @@ def fork_early(monkeypatch):
     monkeypatch.setattr(engine_module, "_TIMED_PREFIX", 20)
 
 
+@pytest.fixture
+def forks(fork_early, monkeypatch):
+    """... and fork although other tests of this session left idle threads behind (the engine
+    refuses to fork beside live threads; these tests take no lock a thread could hold)."""
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+
+
 @pytest.mark.parametrize("logging_steps", [1, 10])
 @pytest.mark.parametrize("name", CASES)
 def test_replay_equals_stepwise_updates(name, logging_steps):
@@ -82,7 +89,7 @@ class Unpicklable(WhereItRan):
 
 
 @pytest.mark.parametrize("name", ["entropy_collapse", "length_coupling", "moe_instability", "healthy_noisy"])
-def test_forked_replay_equals_stepwise_updates(name, fork_early):
+def test_forked_replay_equals_stepwise_updates(name, forks):
     run = generate(name, seed=1)
     want = outcome(stepwise(run, [c() for c in ALL_DETECTORS] + [WhereItRan()]))
     engine = Engine(run.context, [c() for c in ALL_DETECTORS] + [WhereItRan()])
@@ -92,7 +99,7 @@ def test_forked_replay_equals_stepwise_updates(name, fork_early):
     assert all(d.n_updates == len(run.steps) for d in engine.detectors)
 
 
-def test_forked_replay_really_forks(fork_early):
+def test_forked_replay_really_forks(forks):
     run = generate("healthy_slow", seed=0)
     probes = [WhereItRan(pause_at=run.steps[-1][0]) for _ in range(4)]
     for i, p in enumerate(probes):
@@ -104,7 +111,7 @@ def test_forked_replay_really_forks(fork_early):
     assert all(d.seen == len(run.steps) for d in engine.detectors)
 
 
-def test_a_failure_in_a_forked_share_disables_that_detector_alone(fork_early):
+def test_a_failure_in_a_forked_share_disables_that_detector_alone(forks):
     run = generate("entropy_collapse", seed=2)
     errors: list[tuple[str, str]] = []
 
@@ -122,7 +129,7 @@ def test_a_failure_in_a_forked_share_disables_that_detector_alone(fork_early):
     assert errors == want_errors == [("detector where_it_ran", "broken at step 120")]
 
 
-def test_a_share_that_cannot_come_back_is_replayed_here(fork_early):
+def test_a_share_that_cannot_come_back_is_replayed_here(forks):
     run = generate("length_coupling", seed=0)
     want = outcome(stepwise(run, [c() for c in ALL_DETECTORS] + [Unpicklable()]))
     engine = Engine(run.context, [c() for c in ALL_DETECTORS] + [Unpicklable()])
@@ -133,6 +140,7 @@ def test_a_share_that_cannot_come_back_is_replayed_here(fork_early):
 
 def test_no_fork_while_other_threads_run(fork_early):
     run = generate("healthy_slow", seed=0)
+    assert engine_module._fork_workers(2, 10**6, 8) == (2 if threading.active_count() == 1 else 1)
     stop = threading.Event()
     worker = threading.Thread(target=stop.wait, daemon=True)
     worker.start()
@@ -157,7 +165,7 @@ def _replay_in_daemon(run, out):
     out.put(sorted(d.seen for d in engine.detectors))
 
 
-def test_replay_inside_a_daemonic_process_goes_on_alone(fork_early):
+def test_replay_inside_a_daemonic_process_goes_on_alone(forks):
     """A daemonic process may not start children: the replay then runs in that process alone."""
     import multiprocessing
 
