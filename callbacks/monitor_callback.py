@@ -284,7 +284,7 @@ class MonitorCallback(TrainerCallback):
                     record["moe_load"] = loads
         findings = self.engine.update(step, metrics, samples) if self.engine is not None else []
         if self.engine is not None:
-            record["detectors"] = {k: v["state"] for k, v in self.engine.states().items()}
+            record["detectors"] = self.engine.state_names()
         recs = [r for r in (self.recommender(f.to_dict()) for f in findings) if r is not None]
         if state.is_world_process_zero and self.engine is not None:
             self._guard("tensorboard", self._to_tensorboard, step, record.get("detectors", {}), findings, recs)

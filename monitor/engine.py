@@ -183,6 +183,10 @@ class Engine:
                 errors += errs
         return found, errors
 
+    def state_names(self) -> dict[str, str]:
+        """Each detector's state alone (what a step record keeps), without building evidence."""
+        return {d.id: "disabled" if d.id in self.disabled else getattr(d, "state", "ok") for d in self.detectors}
+
     def states(self) -> dict[str, dict[str, Any]]:
         """Each detector's current state for dashboards: ``state`` and the latest evidence."""
         out = {}

@@ -685,22 +685,30 @@ def system_metrics(reset_peak: bool = False) -> dict[str, float]:
 
 
 def _process_memory() -> tuple[int | None, int | None]:
+    # Every logged step asks: one short read of /proc/self/statm and one getrusage, not a parse
+    # of the fifty-line /proc/self/status.
     rss = peak = None
     try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1]) * 1024
-                elif line.startswith("VmHWM:"):
-                    peak = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if peak is None:
+        fd = os.open("/proc/self/statm", os.O_RDONLY)
         try:
-            import resource
+            rss = int(os.read(fd, 128).split()[1]) * _PAGE
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
 
-            ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            peak = ru if sys.platform == "darwin" else ru * 1024  # bytes on macOS, KiB on Linux
-        except Exception:
-            pass
+        ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = ru if sys.platform == "darwin" else ru * 1024  # bytes on macOS, KiB on Linux
+    except Exception:
+        pass
+    if rss is not None and peak is not None:
+        peak = max(peak, rss)  # the two counters are sampled apart: the peak is never below the present
     return rss, peak
+
+
+try:
+    _PAGE = os.sysconf("SC_PAGE_SIZE")
+except (AttributeError, ValueError, OSError):
+    _PAGE = 4096
