@@ -51,6 +51,7 @@ def test_replay_equals_stepwise_updates(name, logging_steps):
     raised = engine.replay(run.steps, run.samples)
     assert outcome(engine, raised) == want
     assert outcome(engine) == want
+    assert engine.state_names() == {k: v["state"] for k, v in engine.states().items()}
 
 
 class WhereItRan(Detector):
