@@ -169,8 +169,12 @@ class Engine:
                 blob = b""
             recv.close()
             proc.join()
-            if blob:
-                more, errs, replayed = pickle.loads(blob)
+            try:
+                # An exception class whose constructor takes other arguments pickles but does not unpickle.
+                more, errs, replayed = pickle.loads(blob) if blob else ([], [], None)
+            except Exception:
+                replayed = None
+            if replayed is not None:
                 found += more
                 errors += errs
                 for j, d in replayed.items():

@@ -178,3 +178,36 @@ def test_replay_inside_a_daemonic_process_goes_on_alone(forks):
     seen = out.get(timeout=120)
     proc.join(timeout=60)
     assert proc.exitcode == 0 and seen == [len(run.steps)] * 3
+
+
+class OddError(Exception):
+    """Pickles, but does not unpickle: its constructor wants two arguments."""
+
+    def __init__(self, step, why):
+        super().__init__(f"{why} at step {step}")
+
+
+class RaisesOddly(WhereItRan):
+    id = "raises_oddly"
+
+    def _update(self, step, metrics, samples):
+        if step >= 90:
+            raise OddError(step, "odd")
+        return super()._update(step, metrics, samples)
+
+
+def test_a_failure_that_cannot_travel_back_is_replayed_here(forks):
+    run = generate("entropy_collapse", seed=0)
+
+    def build():
+        # Two of them, each pausing past the timed stretch: one is replayed in each process.
+        odd = [RaisesOddly(pause_at=50) for _ in range(2)]
+        odd[1].id = "raises_oddly_too"
+        return odd + [c() for c in ALL_DETECTORS]
+
+    want = outcome(stepwise(run, build()))
+    engine = Engine(run.context, build())
+    engine.replay(run.steps, run.samples, processes=2)
+    assert outcome(engine) == want
+    assert engine.disabled == {"raises_oddly": "OddError: odd at step 90", "raises_oddly_too": "OddError: odd at step 90"}
+    assert set().union(*(d.pids for d in engine.detectors[:2])) == {os.getpid()}  # the child's came back empty
