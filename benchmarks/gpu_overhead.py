@@ -68,6 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import stamp, update_section  # noqa: E402
+from benchmarks.timer import Timer  # noqa: E402
 
 SECTION = "gpu_overhead"
 WARMUP = 3  # steps excluded at the start of every run
@@ -154,29 +155,6 @@ def task_dataset(n: int, seed: int) -> Any:
     return Dataset(table, fingerprint=f"gpu-overhead-task-{n}-{seed}")
 
 
-class Timer:
-    """Wall time of wrapped calls, as (start, duration) pairs."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[float, float]] = []
-
-    def wrap(self, fn: Any) -> Any:
-        import functools
-
-        @functools.wraps(fn)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.calls.append((t, time.perf_counter() - t))
-
-        return timed
-
-    def within(self, start: float, end: float) -> float:
-        return sum(d for t, d in self.calls if start <= t < end)
-
-
 def one_run(name: str, spec: dict[str, Any], shape: dict[str, Any], arm: str, steps: int, seed: int,
             device: str, workdir: Path, skip: int = WARMUP) -> dict[str, Any]:
     """One training run of one arm; its step times exclude the first ``skip`` steps."""
@@ -210,9 +188,7 @@ def one_run(name: str, spec: dict[str, Any], shape: dict[str, Any], arm: str, st
     if with_monitor:
         options = {"router_tap": False} if arm == "with-no-router" else {}
         monitor_cb = attach(trainer, workdir / "run", **options)
-        for event in ("on_train_begin", "on_step_begin", "on_step_end", "on_log", "on_train_end"):
-            if event in type(monitor_cb).__dict__:  # events the monitor implements
-                setattr(monitor_cb, event, callback_timer.wrap(getattr(monitor_cb, event)))
+        callback_timer.wrap_callback(monitor_cb)
     # Both sides get the same outer wrapper, so its own cost cancels in the difference.
     trainer.reward_funcs = [reward_timer.wrap(f) for f in trainer.reward_funcs]
 

@@ -21,31 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import stamp, update_section  # noqa: E402
+from benchmarks.timer import Timer  # noqa: E402
 
 WARMUP = 5
-
-
-class Timer:
-    """Wall time of wrapped calls, as (start, duration) pairs."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[float, float]] = []
-
-    def wrap(self, fn):
-        import functools
-
-        @functools.wraps(fn)
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.calls.append((t, time.perf_counter() - t))
-
-        return timed
-
-    def within(self, start: float, end: float) -> float:
-        return sum(d for t, d in self.calls if start <= t < end)
 
 
 def one_run(with_monitor: bool, steps: int, seed: int) -> tuple[float, float, float]:
@@ -76,9 +54,7 @@ def one_run(with_monitor: bool, steps: int, seed: int) -> tuple[float, float, fl
         callbacks, rewards = Timer(), Timer()
         if with_monitor:
             monitor_cb = attach(trainer, Path(tmp) / "run")
-            for event in ("on_train_begin", "on_step_begin", "on_step_end", "on_log", "on_train_end"):
-                if event in type(monitor_cb).__dict__:
-                    setattr(monitor_cb, event, callbacks.wrap(getattr(monitor_cb, event)))
+            callbacks.wrap_callback(monitor_cb)
         # The same outer wrapper on both sides: the reward tap's own cost shows in the difference.
         trainer.reward_funcs = [rewards.wrap(f) for f in trainer.reward_funcs]
         clock = StepClock()

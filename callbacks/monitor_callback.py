@@ -410,18 +410,24 @@ class MonitorCallback(TrainerCallback):
             self.writer = None
 
 
+def _distributed() -> Any:
+    """``torch.distributed`` when this process is one of several ranks, else None."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    return dist
+
+
 def _share_across_ranks(
     local: list[dict[str, Any]], digest: list[Any], report: Any
 ) -> tuple[list[dict[str, Any]], list[Any] | None]:
     """The step's samples from every rank (by global index) and each rank's findings of the
     previous log; on one process, this rank's samples and no digests."""
-    try:
-        import torch.distributed as dist
-
-        multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    except ImportError:
-        multi = False
-    if not multi:
+    dist = _distributed()
+    if dist is None:
         return local, None
     gathered: list[Any] = [None] * dist.get_world_size()
     try:
@@ -436,11 +442,8 @@ def _share_across_ranks(
 
 def _agree_across_ranks(plan: Any) -> Any:
     """Every rank adopts rank 0's decision, so all of them stop at the same step (or none does)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return plan
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+    dist = _distributed()
+    if dist is None:
         return plan
     box = [plan]
     dist.broadcast_object_list(box, src=0)

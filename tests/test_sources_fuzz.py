@@ -65,6 +65,25 @@ def same_steps(a, b) -> bool:
     )
 
 
+def outcome_of(text: str, name: str):
+    """What reading ``text`` as file ``name`` gives: ``(steps, warnings)``, or the error's text
+    (paths left out, so two readings of the same text compare)."""
+    with folder() as d:
+        (d / name).write_text(text)
+        try:
+            src = load_source(d / name)
+        except SourceError as exc:
+            return str(exc).replace(str(d), "")
+        return src.steps, [w.replace(str(d), "") for w in src.warnings]
+
+
+def assert_same_outcome(a, b) -> None:
+    if isinstance(a, str) or isinstance(b, str):
+        assert a == b
+    else:
+        assert same_steps(a[0], b[0]) and a[1] == b[1]
+
+
 @FUZZ
 @given(data=st.binary(max_size=2000), name=st.sampled_from(NAMES))
 def test_arbitrary_bytes(data, name):
@@ -227,24 +246,15 @@ def test_csv_readers_agree(columns, rows, delim, step_first):
 
     header = ["step", *columns] if step_first else [*columns, "step"]
     text = delim.join(header) + "\n" + "".join(line(s, c) + "\n" for s, c in rows)
+    original = tabular.PANDAS_FROM_CHARS
     results = []
     for threshold in (0, 10**12):
         tabular.PANDAS_FROM_CHARS = threshold
         try:
-            with folder() as d:
-                (d / "m.csv").write_text(text)
-                try:
-                    src = load_source(d / "m.csv")
-                    results.append((src.steps, [w.replace(str(d), "") for w in src.warnings]))
-                except SourceError as exc:
-                    results.append(str(exc).replace(str(d), ""))
+            results.append(outcome_of(text, "m.csv"))
         finally:
-            tabular.PANDAS_FROM_CHARS = 4_000_000
-    fast, careful = results
-    if isinstance(careful, str) or isinstance(fast, str):
-        assert fast == careful
-    else:
-        assert same_steps(fast[0], careful[0]) and fast[1] == careful[1]
+            tabular.PANDAS_FROM_CHARS = original
+    assert_same_outcome(*results)
 
 
 @FUZZ
@@ -296,23 +306,11 @@ def test_jsonl_nested_records_read_as_flattened(lines):
     import monitor.sources.tabular as tabular
 
     text = "".join(json.dumps({**outer, nested: inner}) + "\n" for outer, nested, inner in lines)
-    results = []
-    for shortcut in (True, False):
-        original = tabular._only_nested
-        if not shortcut:
-            tabular._only_nested = lambda keys: None
-        try:
-            with folder() as d:
-                (d / "m.jsonl").write_text(text)
-                try:
-                    src = load_source(d / "m.jsonl")
-                    results.append((src.steps, [w.replace(str(d), "") for w in src.warnings]))
-                except SourceError as exc:
-                    results.append(str(exc).replace(str(d), ""))
-        finally:
-            tabular._only_nested = original
-    fast, flat = results
-    if isinstance(fast, str) or isinstance(flat, str):
-        assert fast == flat
-    else:
-        assert same_steps(fast[0], flat[0]) and fast[1] == flat[1]
+    original = tabular._only_nested
+    results = [outcome_of(text, "m.jsonl")]
+    tabular._only_nested = lambda keys: None
+    try:
+        results.append(outcome_of(text, "m.jsonl"))
+    finally:
+        tabular._only_nested = original
+    assert_same_outcome(*results)

@@ -185,26 +185,23 @@ class Normalizer:
     """
 
     def __init__(self, drop: Iterable[str] = (), owned: bool = False) -> None:
-        self._plans: dict[tuple[Any, ...], tuple[tuple[str, ...], Any] | None] = {}
+        self._plans: dict[tuple[Any, ...], tuple[tuple[str, ...], Any, bool] | None] = {}
         self._drop = frozenset(drop)
         # ``owned``: callers hand over dicts nobody else holds, so one already in canonical names
         # with float values (our own run log) is returned as it is instead of copied.
         self._owned = owned
-        self._canonical: set[tuple[Any, ...]] = set()
 
     def __call__(self, logs: Mapping[str, Any]) -> Metrics:
         keys = tuple(logs)
-        if keys in self._canonical and type(logs) is dict and set(map(type, logs.values())) <= _FLOATS:
-            return logs  # type: ignore[return-value]
         plan = self._plans.get(keys, False)
         if plan is False:
             plan = self._plan(keys)
             self._plans[keys] = plan
-            if self._owned and plan is not None and plan[0] == keys:
-                self._canonical.add(keys)
         if plan is None:
             return self._reference(logs)
-        names, pick = plan
+        names, pick, as_is = plan
+        if as_is and type(logs) is dict and set(map(type, logs.values())) <= _FLOATS:
+            return logs  # type: ignore[return-value]
         if len(names) > 1:
             values = pick(logs)
         else:
@@ -223,13 +220,14 @@ class Normalizer:
                 del out[name]
         return out
 
-    def _plan(self, keys: tuple[str, ...]) -> tuple[tuple[str, ...], Any] | None:
+    def _plan(self, keys: tuple[str, ...]) -> tuple[tuple[str, ...], Any, bool] | None:
+        """Names kept, the getter of their values, and whether an owned dict can be kept as it is."""
         if not all(isinstance(k, str) for k in keys):
             return None
         pairs = plan_names(keys, self._drop)
         names = tuple(name for _, name in pairs)
         pick = operator.itemgetter(*(key for key, _ in pairs)) if pairs else (lambda logs: ())
-        return names, pick
+        return names, pick, self._owned and names == keys
 
 
 def plan_names(keys: Iterable[str], drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:

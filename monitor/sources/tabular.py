@@ -78,18 +78,11 @@ def read_jsonl(path: Path) -> Source:
         if nested is not None and type(inner := rec[nested]) is dict:
             # ``{"step": 7, "data": {...}}``: the flattened record would only add step fields,
             # which normalising drops, so the metrics are the nested dict's; no flat copy needed.
-            key = value = None
-            for field in STEP_FIELDS:
-                v = inner[field] if field in inner else rec.get(field)
-                if v is not None:
-                    key, value = field, v
-                    break
+            key, value = _step_field(rec, inner)
             metrics_of = inner
         else:
-            flat = _flatten(rec)
-            key = _step_key(flat)
-            value = flat[key] if key is not None else None
-            metrics_of = flat
+            metrics_of = _flatten(rec)
+            key, value = _step_field(metrics_of)
         if key is None:
             no_step += 1
             continue
@@ -138,11 +131,14 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _step_key(rec: dict[str, Any]) -> str | None:
+def _step_field(rec: dict[str, Any], inner: dict[str, Any] | None = None) -> tuple[str | None, Any]:
+    """The best step field with a value and that value; ``inner`` (a nested dict) wins over
+    ``rec`` for a field both hold, as it does when the record is flattened."""
     for key in STEP_FIELDS:
-        if rec.get(key) is not None:
-            return key
-    return None
+        v = inner[key] if inner is not None and key in inner else rec.get(key)
+        if v is not None:
+            return key, v
+    return None, None
 
 
 def _short(value: Any) -> str:
@@ -320,7 +316,7 @@ def _read_regular(
     if frame.shape[1] != width or text.count(delim) != (width - 1) * (len(frame) + 1):
         return None
     step_cells = frame.iloc[:, step_col]
-    if step_cells.dtype.kind not in "iu" or len(frame) == 0:
+    if step_cells.dtype.kind != "i" or len(frame) == 0:  # int64: every step in range (uint64 ones may not be)
         return None
     names, positions = _metric_columns(columns)
     values = np.full((len(frame), len(names)), np.nan)
@@ -334,13 +330,9 @@ def _read_regular(
             present[:, j] = False
         else:
             _cells_into(col.tolist(), values[:, j], present[:, j])
-    steps = step_cells.tolist()
-    if any(not _STEP_MIN <= st <= _STEP_MAX for st in (min(steps), max(steps))):
-        return None
-    return steps, names, values, present
+    return step_cells.tolist(), names, values, present
 
 
-_STEP_MIN, _STEP_MAX = -(2**63), 2**63 - 1
 _DROP = object()
 
 
