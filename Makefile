@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 
 setup: $(STAMP)
 
+# A run that crashes (the learning rate jumps 3000x at step 25), the finding as it happens, the
+# recommended change as a GRPOConfig diff, the restart from the checkpoint before the crash, the run
+# going on. The healthy run: `grpo-monitor demo`; the others: `grpo-monitor demo --scenario NAME`.
 demo: $(STAMP)
-	$(VENV)/bin/grpo-monitor demo
+	$(VENV)/bin/grpo-monitor demo --scenario sudden_collapse --auto-restart --max-restarts 1
 
 test: $(STAMP)
 	$(PY) -m pytest -q

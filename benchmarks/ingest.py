@@ -2,7 +2,8 @@
 
 Writes one run in each supported format (our run directory, ``trainer_state.json``, a TensorBoard
 event file written by ``torch.utils.tensorboard.SummaryWriter`` the way transformers'
-TensorBoard callback writes it, a W&B-style CSV and a verl-style JSONL), times ``load_source`` on
+TensorBoard callback writes it, a W&B-style CSV, a verl-style JSONL, and the console output of
+``python train.py > train.log 2>&1`` with tqdm on, as transformers 5 prints it), times ``load_source`` on
 each, times TensorBoard's own ``EventAccumulator`` and ``tbparse.SummaryReader`` on the same event
 file, and times the end-to-end offline analysis per format: ``monitor.analysis.analyze`` (read +
 replay of every detector + key curves) in this process, and ``grpo-monitor analyze PATH`` in a
@@ -118,7 +119,28 @@ def write_all(d: Path, data: np.ndarray, summarywriter: bool = False, log=print)
             fh.write(json.dumps({"step": s, "data": dict(zip(names, row))}) + "\n")
     paths["jsonl"] = d / "metrics.jsonl"
     log(f"  JSONL written in {time.perf_counter() - t:.1f} s")
+
+    t = time.perf_counter()
+    paths["trl_console"] = d / "train.log"
+    write_console(paths["trl_console"], steps.tolist(), rows)
+    log(f"  console log written in {time.perf_counter() - t:.1f} s")
     return paths
+
+
+def write_console(path: Path, steps: list[int], rows: list[list[float]]) -> None:
+    """``python train.py > train.log 2>&1`` under transformers 5: tqdm's bar redrawn with ``\r`` at
+    every step, and at every log the bar cleared and the metrics dict printed, floats as ``'%.4g'``."""
+    total = steps[-1]
+    with open(path, "w") as fh:
+        fh.write("Loading checkpoint shards: 100%|##########| 2/2 [00:01<00:00,  1.20it/s]\n")
+        fh.write("\x1b[33mUserWarning: the tokenizer has no padding token\x1b[0m\n")
+        fh.write(f"\r  0%|          | 0/{total} [00:00<?, ?it/s]")
+        for s, row in zip(steps, rows):
+            pct = 100 * s // total
+            fh.write(f"\r {pct:2d}%|####      | {s}/{total} [00:{s % 60:02d}<01:00,  3.10it/s]")
+            fh.write("\r" + " " * 50 + "\r" + str({m: f"{v:.4g}" for m, v in zip(METRICS, row)}) + "\n")
+        fh.write(str({"train_runtime": "3600", "train_samples_per_second": "2.5", "train_steps_per_second": "27.7",
+                      "train_loss": "0.01", "epoch": "1"}) + "\n")
 
 
 def summary_writer_file(folder: Path, steps: list[int], rows: list[list[float]], tags: list[str]) -> None:
@@ -219,7 +241,7 @@ def check(src, data: np.ndarray, fmt: str) -> None:
         assert step == i + 1, (fmt, step)
         for m, v in zip(METRICS, data[i]):
             got = metrics[m]
-            want = float(np.float32(v)) if fmt == "tensorboard" else v
+            want = float(np.float32(v)) if fmt == "tensorboard" else float(f"{v:.4g}") if fmt == "trl_console" else v
             assert got == want, (fmt, step, m, got, want)
 
 
@@ -238,7 +260,11 @@ def tbparse_scalars(path: Path) -> int:
     return len(SummaryReader(str(path)).scalars)
 
 
+LOAD: list[str] = ["?"]
+
+
 def main(argv: list[str] | None = None) -> int:
+    LOAD[0] = f"{os.getloadavg()[0]:.1f}"
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--workdir", help="keep the generated logs here (reused when already there)")
@@ -256,12 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.workdir and marker.exists():
             print(f"reusing logs in {work}")
             paths = {"run_dir": work / "run", "trainer_state": work / "trainer_state.json", "tensorboard": work / "tb",
-                     "csv": work / "wandb_history.csv", "jsonl": work / "metrics.jsonl"}
+                     "csv": work / "wandb_history.csv", "jsonl": work / "metrics.jsonl", "trl_console": work / "train.log"}
         else:
             if args.workdir and work.exists():
                 shutil.rmtree(work)
             work.mkdir(parents=True, exist_ok=True)
-            print(f"writing a {args.steps}-step, {len(METRICS)}-metric run in 5 formats to {work}")
+            print(f"writing a {args.steps}-step, {len(METRICS)}-metric run in 6 formats to {work}")
             paths = write_all(work, data, summarywriter=args.summarywriter)
             marker.touch()
 
@@ -335,7 +361,8 @@ def render(steps: int, load: dict, peers: dict, e2e: dict, sizes: dict, have_ana
     lines = [
         "## Log ingest (`benchmarks/ingest.py`)",
         "",
-        f"{stamp()} · {uname}",
+        f"{stamp()} · {uname} · load average {LOAD[0]} at the start, {os.getloadavg()[0]:.1f} at the end "
+        f"(other work on the machine slows every row alike)",
         "",
         f"One run of {steps:,} logged steps × {len(METRICS)} metrics in each format; `load_source` best of 2, "
         f"end to end best of {max((len(v) for v in e2e_all.values()), default=1)} (every run listed: the machine's "

@@ -11,5 +11,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from callbacks.attach import attach
 from callbacks.monitor_callback import MonitorCallback
+from callbacks.reward_tap import SampleRetention
 
-__all__ = ["MonitorCallback", "attach"]
+__all__ = ["MonitorCallback", "SampleRetention", "attach"]

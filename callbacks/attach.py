@@ -45,9 +45,18 @@ def attach(
     (reward function names; guessed from the names otherwise), ``correct_threshold`` (a correctness
     reward above it counts as correct; default 0), ``moe_probe_every`` (routing flip-rate probe
     interval in steps), ``router_tap`` (False: no hooks on a MoE model's routers, so no ``moe/*``
-    routing metrics), ``max_text_chars`` (prompt/completion text kept per sample),
+    routing metrics), ``max_text_chars`` (characters of prompt/completion text kept per sample: its
+    head and its tail), ``sample_text`` (which completions keep text: ``"default"`` keeps, per
+    step, 32 completions drawn fairly plus the best and worst of 8 groups and 4 truncated ones,
+    all of a step with at most 32; ``"all"``, ``"none"``, or a ``SampleRetention``/dict with
+    ``fair``, ``groups``, ``truncated``; every completion keeps its numbers either way),
     ``auto_restart`` (stop on a confirmed finding and write a restart plan; off by default),
     ``max_restarts`` (default 2), ``restart_from`` (``before_onset``, ``latest`` or ``initial``).
+    ``alerts`` (a Slack, Discord or other webhook URL, default ``$GRPO_MONITOR_WEBHOOK_URL``; False turns
+    every alert off, the trackers' too), ``alerts_format`` (``slack``/``discord``/``generic``, else from the
+    URL), ``alerts_min_severity`` (``warning`` or ``critical``), ``alerts_trackers`` (True: the trackers in
+    ``args.report_to``; False or a list of names), ``alerts_per_minute``/``alerts_burst`` (rate limit),
+    ``alerts_retries``, ``alerts_timeout``, ``alerts_flush_timeout`` — see ``docs/ALERTS.md``.
 
     ``require_reward_gate=True`` refuses to train (``RewardGateError``, naming the command to run)
     until ``grpo-monitor inspect-rewards`` has saved a passed verdict for these reward functions in
@@ -77,10 +86,15 @@ def attach(
         _check_overrides_applied(trainer.args, supervised["overrides"])
     options.setdefault("parent_run", supervised["parent_run"])
     if require_reward_gate:
-        from monitor.reward_gate import require_gate
+        from monitor.preflight.reward_gate import require_gate
 
         # Every rank checks, so all of them refuse together.
         logger.info("grpo-monitor: %s", require_gate(trainer, directory, gate_min_agreement))
+    if "alerts" in options or any(k.startswith("alerts_") for k in options):
+        from monitor.alerts import AlertOptions
+
+        # Checked here, so a mistyped option fails at attach time rather than as a warning mid-run.
+        options["alerts"] = AlertOptions.of({k: options.pop(k) for k in list(options) if k == "alerts" or k.startswith("alerts_")})
     callback = MonitorCallback(trainer, directory, **options)
     trainer.add_callback(callback)
     if dashboard and getattr(trainer.args, "process_index", 0) == 0:

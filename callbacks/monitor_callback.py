@@ -23,8 +23,18 @@ from typing import Any
 from transformers import TrainerCallback
 
 from callbacks.model_facts import model_facts
-from callbacks.reward_tap import _CORRECT_HINTS, _FORMAT_HINTS, RewardTap, guess_component
+from callbacks.reward_tap import (
+    _CORRECT_HINTS,
+    _FORMAT_HINTS,
+    RewardTap,
+    SampleRetention,
+    exchange_size,
+    guess_component,
+    pack_samples,
+    unpack_samples,
+)
 from detectors.base import Detector, RunContext
+from monitor.alerts import build_dispatcher, redact
 from monitor.engine import Engine
 from monitor.memory import system_metrics
 from monitor.metrics import SUMMARY_KEYS, normalize_metrics
@@ -77,6 +87,7 @@ class MonitorCallback(TrainerCallback):
         moe_probe_every: int = 10,
         router_tap: bool = True,
         max_text_chars: int = 2000,
+        sample_text: Any = "default",
         auto_restart: bool = False,
         max_restarts: int = 2,
         restart_from: str = "before_onset",
@@ -85,6 +96,7 @@ class MonitorCallback(TrainerCallback):
         applied_overrides: dict[str, Any] | None = None,
         restarts_done: int = 0,
         lineage_root: str | os.PathLike[str] | None = None,
+        alerts: Any = None,
     ) -> None:
         from monitor.restart import RESTART_FROM
 
@@ -99,6 +111,8 @@ class MonitorCallback(TrainerCallback):
         self.moe_probe_every = moe_probe_every
         self.use_router_tap = bool(router_tap)
         self.max_text_chars = max_text_chars
+        self.sample_text = SampleRetention.of(sample_text)
+        self.exchange_bytes = 0  # what this rank sent at the last log (numbers of its completions)
         self.auto_restart = bool(auto_restart)
         self.max_restarts = int(max_restarts)
         self.restart_from = restart_from
@@ -117,6 +131,8 @@ class MonitorCallback(TrainerCallback):
         self.last_step_written = -1
         self._digest: list[Any] = []
         self._ranks_disagreed = False
+        self.alert_options = alerts  # a webhook URL, False, or alert options (monitor.alerts)
+        self.alerts: Any = None
         args = trainer.args
         self.reward_names = list(getattr(trainer, "reward_func_names", []) or [])
         self.correctness_reward = correctness_reward or guess_component(self.reward_names, _CORRECT_HINTS)
@@ -185,6 +201,16 @@ class MonitorCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._guard("run log", self._begin, args, state, kwargs.get("model"))
+        if "learning_rate" in self.applied_overrides and int(state.global_step) > 0:
+            self._guard("restart learning rate", self._reapply_learning_rate, args, kwargs)
+
+    def _reapply_learning_rate(self, args: Any, kwargs: dict[str, Any]) -> None:
+        # Resumed from a checkpoint, the optimizer and scheduler came back at their saved rates.
+        from monitor.restart import reapply_learning_rate
+
+        if reapply_learning_rate(kwargs.get("optimizer"), kwargs.get("lr_scheduler"), float(args.learning_rate)):
+            logger.warning("grpo-monitor: resumed at learning_rate=%g (the checkpoint's optimizer had its old rate)",
+                           float(args.learning_rate))
 
     def _begin(self, args: Any, state: Any, model: Any) -> None:
         rank = int(getattr(args, "process_index", 0))
@@ -209,7 +235,7 @@ class MonitorCallback(TrainerCallback):
                 correctness_reward=self.correctness_reward,
                 format_reward=self.format_reward,
                 resumed_from_step=int(state.global_step),
-                argv=list(sys.argv),
+                argv=redact(sys.argv, self.alert_options),  # a webhook URL on the command line stays out of the log
                 segment=self.segment,
                 applied_overrides=self.applied_overrides,
                 tried_variants=self.tried,
@@ -222,6 +248,9 @@ class MonitorCallback(TrainerCallback):
                 # logging_steps > 1 is said once, here, in one line: detection is coarser, nothing else changes.
                 logger.log(logging.INFO if f.severity == "info" and f.detector != "config_logging_steps" else logging.WARNING,
                            "grpo-monitor: [%s] %s: %s", f.severity, f.detector, f.message)
+        if state.is_world_process_zero:
+            self.alerts = self._guard("alerts", build_dispatcher, self.trainer, self.run_dir, self.run_id,
+                                      self.alert_options, self.report_error)
         if facts.get("is_moe"):
             self._guard("router tap", self._install_router_tap, model)
 
@@ -249,7 +278,9 @@ class MonitorCallback(TrainerCallback):
             local = (self._guard("reward tap", self.reward_tap.drain, step) or []) if self.reward_tap else []
             # Every rank reaches this collective at every log, whatever failed above: a rank that
             # skipped it would leave the others waiting forever.
-            batch, digests = _share_across_ranks(local, self._digest, self.report_error)
+            batch, digests, self.exchange_bytes = _share_across_ranks(local, self._digest, self.report_error)
+            if self.reward_tap is not None:
+                self._guard("samples", self._keep_text, step, local, batch)
             findings = self._guard("step record", self._log, state, dict(logs), local, batch)
             self._digest = [(f.detector, f.severity, f.step) for f in findings or []]
             if digests is not None and state.is_world_process_zero:
@@ -257,6 +288,16 @@ class MonitorCallback(TrainerCallback):
             if self.auto_restart and self.restart_plan is None:
                 self._guard("auto-restart", self._maybe_restart, args, state, control, findings or [])
         return control
+
+    def _keep_text(self, step: int, local: list[dict[str, Any]], merged: list[dict[str, Any]]) -> None:
+        """Text excerpts for the completions the retention policy picks from the whole step."""
+        tap = self.reward_tap
+        try:
+            keep = self.sample_text.select(merged, step) if merged else set()
+        except Exception:
+            tap.add_text((), None)  # let go of the step's texts, then report
+            raise
+        tap.add_text(local, lambda r: (r.get("rank"), r.get("index")) in keep)
 
     def _log(self, state: Any, logs: dict[str, Any], local: list[dict[str, Any]], samples: list[dict[str, Any]]) -> list[Any]:
         """One step record: ``local`` are this rank's samples (its own file), ``samples`` the
@@ -267,6 +308,8 @@ class MonitorCallback(TrainerCallback):
             return []
         if SUMMARY_KEYS & logs.keys():
             writer.write({"type": "summary", "step": step, "metrics": normalize_metrics(logs)})
+            if self.alerts is not None:  # the trainer's last log: every tracker still has its run open
+                self._guard("alerts", self.alerts.finish, step)
             return []
         metrics = normalize_metrics(logs)
         metrics.update(self._guard("system metrics", system_metrics, True) or {})
@@ -294,6 +337,8 @@ class MonitorCallback(TrainerCallback):
                 logger.warning("grpo-monitor: [%s] %s at step %d: %s", f.severity, f.detector, f.step, f.message)
             for r in recs:
                 logger.warning("grpo-monitor: recommended %s: %s", r["variant"], r["python"])
+            if self.alerts is not None:
+                self._guard("alerts", self.alerts.on_step, step, record.get("detectors", {}), findings, recs)
         self.last_step_written = step
         return findings
 
@@ -402,9 +447,14 @@ class MonitorCallback(TrainerCallback):
         )
 
     def on_train_end(self, args, state, control, **kwargs):
+        if self.alerts is not None:
+            self._guard("alerts", self.alerts.close)
+            self.alerts = None
         if self.router_tap is not None:
             self._guard("router tap", self.router_tap.remove)
             self.router_tap = None
+        if self.reward_tap is not None:
+            self._guard("reward tap", self.reward_tap.close)
         if self.writer is not None:
             self._guard("run log", self.writer.close)
             self.writer = None
@@ -423,21 +473,38 @@ def _distributed() -> Any:
 
 def _share_across_ranks(
     local: list[dict[str, Any]], digest: list[Any], report: Any
-) -> tuple[list[dict[str, Any]], list[Any] | None]:
+) -> tuple[list[dict[str, Any]], list[Any] | None, int]:
     """The step's samples from every rank (by global index) and each rank's findings of the
-    previous log; on one process, this rank's samples and no digests."""
+    previous log, and the bytes this rank sent; on one process, this rank's samples, no digests.
+
+    Ranks send each completion's numbers packed (``pack_samples``: a few dozen bytes per
+    completion), never its text, and every rank unpacks all parts alike, its own included, so
+    the detectors of every rank see the same values."""
     dist = _distributed()
     if dist is None:
-        return local, None
+        return local, None, 0
+    try:
+        packed: Any = pack_samples(local)
+    except Exception as exc:  # still join the collective below, or the other ranks would wait forever
+        report("rank exchange", exc)
+        packed = None
+    payload = (packed, digest)
     gathered: list[Any] = [None] * dist.get_world_size()
     try:
-        dist.all_gather_object(gathered, (local, digest))
+        dist.all_gather_object(gathered, payload)
     except Exception as exc:  # the collective itself failed: go on with this rank's own view
         report("rank exchange", exc)
-        return local, None
-    merged = [s for part in gathered if part for s in part[0]]
+        return local, None, 0
+    merged: list[dict[str, Any]] = []
+    try:
+        for part in gathered:
+            if part and part[0] is not None:
+                merged.extend(unpack_samples(part[0]))
+    except Exception as exc:
+        report("rank exchange", exc)
+        merged = list(local)
     merged.sort(key=batch_index)
-    return merged, [part[1] if part else None for part in gathered]
+    return merged, [part[1] if part else None for part in gathered], exchange_size(payload)
 
 
 def _agree_across_ranks(plan: Any) -> Any:

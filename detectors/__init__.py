@@ -9,9 +9,14 @@ from detectors.moe_model_detected import MoeModelDetected
 from detectors.no_learning_signal import NoLearningSignal
 from detectors.non_finite import NonFinite
 from detectors.reward_component_divergence import RewardComponentDivergence
+from detectors.rollout_mismatch import RolloutMismatch
+from detectors.sudden_collapse import SuddenCollapse
 from detectors.variants import VARIANT_PRESETS
 
 ALL_DETECTORS: list[type[Detector]] = [
+    # First: a reward crash explains the entropy and length moves that come with it, so at a step where
+    # several detectors confirm at once, the restart follows the crash.
+    SuddenCollapse,
     EntropyCollapse,
     DegenerateLongCot,
     LengthRewardCoupling,
@@ -20,6 +25,7 @@ ALL_DETECTORS: list[type[Detector]] = [
     RewardComponentDivergence,
     NonFinite,
     MoeModelDetected,
+    RolloutMismatch,
 ]
 
 __all__ = [
@@ -36,5 +42,7 @@ __all__ = [
     "NoLearningSignal",
     "NonFinite",
     "RewardComponentDivergence",
+    "RolloutMismatch",
     "RunContext",
+    "SuddenCollapse",
 ]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import fnmatch
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 SEVERITIES = ("info", "warning", "critical")
@@ -25,6 +26,8 @@ DETECTOR_IDS = (
     "reward_component_divergence",
     "non_finite",
     "moe_model_detected",
+    "rollout_mismatch",
+    "sudden_collapse",
 )
 
 Metrics = Mapping[str, "float | None"]
@@ -89,6 +92,60 @@ def finite(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+# Inputs of built-in detectors whose modules leave ``requires`` undeclared.
+KNOWN_REQUIRES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "no_learning_signal": (("frac_reward_zero_std",), ("completions/clipped_ratio",), ("reward_std", "grad_norm")),
+    "rollout_mismatch": (("mismatch/*|sampling/*",),),
+}
+
+
+def _has_input(spec: str, names: Collection[str], has_samples: bool) -> bool:
+    for alt in spec.split("|"):
+        if alt == "samples":
+            if has_samples:
+                return True
+        elif "*" in alt:
+            if any(fnmatch.fnmatchcase(n, alt) for n in names):
+                return True
+        elif alt in names:
+            return True
+    return False
+
+
+def describe_input(spec: str) -> str:
+    """``a|b|samples`` as ``a or b or per-completion samples``."""
+    return " or ".join("per-completion samples" if a == "samples" else a for a in spec.split("|"))
+
+
+def unmet(requires: Sequence[Sequence[str]] | None, names: Collection[str], has_samples: bool = False) -> str | None:
+    """What is missing for any alternative of ``requires`` (None when one is met or none is declared).
+
+    >>> unmet((("entropy", "reward|rewards/*/mean"),), {"grad_norm", "rewards/acc/mean"})
+    'needs entropy'
+    >>> unmet((("entropy",), ("completions/mean_length", "reward")), {"reward"}) is None, unmet(None, set())
+    (False, None)
+    """
+    if not requires:
+        return None
+    if not isinstance(names, (set, frozenset, dict)):
+        names = set(names)
+    best: list[str] | None = None
+    for alternative in requires:
+        missing = [spec for spec in alternative if not _has_input(spec, names, has_samples)]
+        if not missing:
+            return None
+        if best is None or len(missing) < len(best):
+            best = missing
+    def grouped(spec: str, among: int) -> str:
+        text = describe_input(spec)
+        return f"({text})" if among > 1 and "|" in spec else text
+
+    text = "needs " + " and ".join(grouped(s, len(best or [])) for s in best or [])
+    if len(requires) > 1:
+        text += " (it reads one of: " + "; ".join(" + ".join(grouped(s, len(alt)) for s in alt) for alt in requires) + ")"
+    return text
+
+
 class Detector(abc.ABC):
     """Base class: ``update`` one step at a time, ``reset`` to start over.
 
@@ -102,6 +159,15 @@ class Detector(abc.ABC):
     # For dashboards: "warming_up", "ok", "warning" or "critical", and the numbers behind it.
     state: str = "ok"
     last_evidence: dict[str, Any] = {}
+    # The inputs it judges from, so a report can say which detectors could judge a run and why
+    # the others could not: alternatives, each a tuple of inputs that must all be logged. An input
+    # is a metric name, ``a|b`` (either), a name with ``*`` (any matching one) or ``samples``
+    # (per-completion records). None leaves it undeclared: the detector then counts as judging
+    # once it has left its warm-up.
+    requires: tuple[tuple[str, ...], ...] | None = None
+    # "failure": judges whether training works (a run no failure detector could judge is never
+    # called healthy); "guard": sanity checks (non-finite values); "info": facts about the run.
+    role: str = "failure"
 
     def __init__(self) -> None:
         self.context = RunContext()
@@ -125,6 +191,15 @@ class Detector(abc.ABC):
 
     @abc.abstractmethod
     def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]: ...
+
+    def missing_inputs(self, names: Collection[str], has_samples: bool = False) -> str | None:
+        """Why a run logging ``names`` gives this detector nothing to judge (None: it has what it needs)."""
+        requires = self.requires if self.requires is not None else KNOWN_REQUIRES.get(self.id)
+        return unmet(requires, names, has_samples)
+
+    def not_applicable(self, names: Collection[str]) -> str | None:
+        """Why this detector does not apply to the run at all (None: it applies)."""
+        return None
 
     def params(self) -> dict[str, Any]:
         """The constructor parameters, read back from the attributes they are stored under."""

@@ -18,40 +18,29 @@ from detectors.signals import (
     CorrectnessSource,
     EntropyTrack,
     LevelTrack,
+    fair_sample,
     get,
+    has_text_signals,
+    repeated_ngram_share,  # noqa: F401  (re-exported: its home before the tap measured it)
     sample_length,
+    sample_tail_repetition,
 )
-from detectors.stats import fin, median
+from detectors.stats import fin, mann_kendall, median
 from detectors.variants import EXTRA_ADVICE
-
-
-def repeated_ngram_share(text: str, n: int = 4, max_words: int = 200) -> float | None:
-    """Share of word n-grams that repeat an earlier n-gram of the same text (0 = none repeated).
-
-    >>> repeated_ngram_share("a b c d a b c d a b c d")
-    0.556
-    >>> repeated_ngram_share("one two three four five six")
-    0.0
-    """
-    # The tail is where degenerate text loops; reading only it bounds the cost per completion.
-    words = text[-12 * max_words:].split()[-max_words:]
-    if len(words) < n + 1:
-        return None
-    grams = list(zip(*(words[i:] for i in range(n))))
-    return round(1.0 - len(set(grams)) / len(grams), 3)
 
 
 def long_completion_repetition(samples: Sequence[Sample], max_samples: int = 256, max_long: int = 8) -> float | None:
     """Mean repeated-n-gram share over the longer half (or the truncated) completions of a batch
-    (at most ``max_long`` of them, the longest first)."""
-    rows = [s for s in list(samples)[:max_samples] if (type(s) is dict or isinstance(s, Mapping)) and isinstance(s.get("completion"), str)]
+    (at most ``max_long`` of them, the longest first; beyond ``max_samples``, of a fair sample of
+    the groups). Each share is the tap's measure on the whole completion where recorded."""
+    rows = [s for s in fair_sample(samples, max_samples) if (type(s) is dict or isinstance(s, Mapping)) and has_text_signals(s)]
     if len(rows) < 2:
         return None
     lengths = [sample_length(s) or 0.0 for s in rows]
     cut = median(lengths)
     long_rows = [s for s, L in zip(rows, lengths) if L >= cut or s.get("truncated") is True]
     long_rows = sorted(long_rows, key=lambda s: -(sample_length(s) or 0.0))[:max_long]
-    shares = [repeated_ngram_share(s["completion"]) for s in long_rows]
+    shares = [sample_tail_repetition(s) for s in long_rows]
     shares = [x for x in shares if x is not None]
     return sum(shares) / len(shares) if shares else None
 
@@ -78,6 +67,12 @@ class DegenerateLongCot(EpisodeDetector):
 
     id = "degenerate_long_cot"
     variant = "dapo"
+    # With entropy, its rise and a growing length or truncation; without, completions pinned at
+    # the cap while the reward falls.
+    requires = (
+        ("entropy", "completions/mean_length|completions/clipped_ratio"),
+        ("completions/clipped_ratio", "reward|rewards/*/mean"),
+    )
 
     def __init__(
         self,
@@ -104,10 +99,16 @@ class DegenerateLongCot(EpisodeDetector):
         self.correct = LevelTrack(window=16, half=h, tol=10.0, positive=False, min_span=20)
         self.repetition = LevelTrack(window=16, half=h, tol=10.0, positive=False, min_span=20)
         self.correctness = CorrectnessSource(self.context)
+        # The total reward, apart from correctness: rising with length, it pays for length
+        # (length-reward coupling), which is not degeneration.
+        self.total = LevelTrack(window=16, half=h, tol=10.0, positive=False, min_span=20)
         self._saw_entropy = False
         cap = (self.context.config or {}).get("max_completion_length")
         ok = isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 < cap < math.inf
         self.cap = float(cap) if ok else None
+        # Logs without the config: the cap is the longest completion length, once several batches hit it.
+        self._longest = 0.0
+        self._longest_hits = 0
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         h = self.entropy.push_metrics(step, metrics)
@@ -126,6 +127,16 @@ class DegenerateLongCot(EpisodeDetector):
         r = self.correctness.value(metrics)
         if r is not None:
             self.correct.push(step, r)
+        t = get(metrics, "reward")
+        if t is not None:
+            self.total.push(step, t)
+        if self.cap is None:
+            m = get(metrics, "completions/max_length")
+            if m is not None and m > 0:
+                if m > self._longest:
+                    self._longest, self._longest_hits = m, 1
+                elif m == self._longest:
+                    self._longest_hits += 1
         rep = long_completion_repetition(samples) if samples else None
         if rep is not None:
             self.repetition.push(step, rep)
@@ -142,10 +153,42 @@ class DegenerateLongCot(EpisodeDetector):
                 return Assessment(level=0, evidence={"entropy": {"latest": h, "baseline": base, "threshold_ratio": self.entropy_ratio}})
         return self._judge(step)
 
+    @property
+    def length_cap(self) -> float | None:
+        """``max_completion_length`` from the config, else the longest length several batches hit."""
+        if self.cap is not None:
+            return self.cap
+        return self._longest if self._longest_hits >= 3 else None
+
+    def _reward_falling(self, relax: float, ev: dict[str, Any]) -> bool:
+        """The task reward well below its baseline over about 30 steps and trending down (noisy
+        logs without entropy need the longer stretch and the trend test)."""
+        if not self.correct.ready:
+            return False
+        kk = self.clock.points_for(30, 4)
+        rr, rb = self.correct.recent(kk), self.correct.base
+        vals = self.correct.window.last(16)
+        if rr is None or rb is None or len(vals) < 6:
+            return False
+        mk = mann_kendall(vals)
+        ev["correctness_trend"] = {"recent": fin(rr), "baseline": fin(rb), "points": kk, "p_down": fin(mk.p_down)}
+        return rb - rr > self.reward_drop * abs(rb) * relax and mk.p_down < 0.05 / relax
+
+    def _reward_rising(self, k: int) -> bool:
+        """The total reward clearly above its baseline: the reward is paying for the growth."""
+        if not self.total.ready:
+            return False
+        tr, tb = self.total.recent(max(k, self.clock.points_for(10, 3))), self.total.base
+        if tr is None or tb is None:
+            return False
+        spread = max(self.total.baseline.spread or 0.0, 1e-6)
+        return tr - tb > max(self.reward_drop * abs(tb), 2 * spread)
+
     def _judge(self, step: int) -> Assessment:
         k = self.clock.points()
         relax = 0.75 if self.in_episode else 1.0
         ev: dict[str, Any] = {"persist_points": k}
+        cap = self.length_cap
         signals: list[str] = []
         entropy_up = False
         if self.entropy.ready:
@@ -162,10 +205,10 @@ class DegenerateLongCot(EpisodeDetector):
         if self.length.ready:
             Lr = self.length.recent(k) or 0.0
             Lb = self.length.base or 0.0
-            ev["mean_length"] = {"recent": fin(Lr), "baseline": fin(Lb), "max_completion_length": self.cap}
-            if self.cap:
+            ev["mean_length"] = {"recent": fin(Lr), "baseline": fin(Lb), "max_completion_length": cap}
+            if cap:
                 # Closed at least ``cap_fraction`` of the distance from the baseline to the cap.
-                length_up = Lr >= Lb + self.cap_fraction * max(self.cap - Lb, 1.0) * relax
+                length_up = Lr >= Lb + self.cap_fraction * max(cap - Lb, 1.0) * relax
             else:
                 length_up = Lr >= (1.0 + 0.5 * relax) * Lb
             if length_up:
@@ -199,16 +242,31 @@ class DegenerateLongCot(EpisodeDetector):
         if self.entropy.ready:
             warn = entropy_up and growth
             crit = entropy_up and growth and (reward_down or "repetition" in signals) and (length_up or clip_up)
+            if warn and not reward_down and self._reward_rising(k):
+                # Reward rising with the length is the reward paying for length, even with entropy up.
+                warn = crit = False
+                ev["deferred_to"] = "length_reward_coupling"
         else:
-            # Without entropy (older logs) every other symptom must agree.
+            # Without entropy (older TRL, Unsloth) every other symptom must agree: completions
+            # pinned at the length cap, having risen there, while the task reward falls.
             warn = length_up and clip_up and reward_down
+            if not warn and self.clipped.ready:
+                cr, cb = self.clipped.recent(k) or 0.0, self.clipped.base or 0.0
+                Lr = (self.length.recent(k) or 0.0) if self.length.ready else 0.0
+                rose = cr - cb >= max(0.05, min(self.clip_rise, 0.5 * (1 - cb))) * relax
+                pinned = cr >= 0.9 * relax or bool(cap and Lr >= 0.95 * cap)
+                if rose and pinned and self._reward_falling(1.0 / relax, ev):
+                    warn = True
+                    signals.append("pinned_at_cap")
+                    if "reward_down" not in signals:
+                        signals.append("reward_down")
             crit = warn and "repetition" in signals
         ev["signals"] = signals
         ev["extra_advice"] = dict(EXTRA_ADVICE["dapo"])
-        if self.cap:
+        if cap:
             ev["extra_advice"]["reward_funcs"] = (
-                f"+trl.rewards.get_soft_overlong_punishment(max_completion_len={int(self.cap)}, "
-                f"soft_punish_cache={max(1, int(self.cap) // 4)})"
+                f"+trl.rewards.get_soft_overlong_punishment(max_completion_len={int(cap)}, "
+                f"soft_punish_cache={max(1, int(cap) // 4)})"
             )
         level = 2 if (crit and self.episode_len >= 1) else (1 if warn or crit else 0)
         onset = None

@@ -15,16 +15,17 @@ from typing import Any
 
 from detectors.base import Metrics, Sample
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import CorrectnessSource, EntropyTrack, get, groups_of
+from detectors.signals import CorrectnessSource, EntropyTrack, duplicate_key, get, groups_of
 from detectors.stats import Window, fin, mann_kendall, median
 
 
 def duplicate_share(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
-    """Mean over groups of the share of completions that repeat another one in their group."""
+    """Mean over groups of the share of completions that repeat another one in their group (the
+    whole completion: the tap's fingerprint where recorded, else the recorded text)."""
     groups = groups_of(samples, max_samples)
     shares = []
     for rows in groups.values():
-        texts = [str(r.get("completion")).strip() for r in rows if r.get("completion") is not None]
+        texts = [k for k in map(duplicate_key, rows) if k is not None]
         if len(texts) < 2:
             continue
         shares.append(1.0 - len(set(texts)) / len(texts))
@@ -87,6 +88,8 @@ class EntropyCollapse(EpisodeDetector):
 
     id = "entropy_collapse"
     variant = "dapo"
+    # Entropy, and something to corroborate a fall with (a fall alone is also what learning looks like).
+    requires = (("entropy", "frac_reward_zero_std|reward_std|reward|rewards/*/mean|samples"),)
 
     def __init__(
         self,

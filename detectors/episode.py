@@ -102,6 +102,11 @@ class EpisodeDetector(Detector):
     def _overrides(self) -> dict[str, Any]:
         return preset(self.variant, self.context.config)
 
+    def _moe_needs_gspo(self) -> bool:
+        cfg = self.context.config or {}
+        return (self.context.is_moe and self.variant not in (None, "gspo")
+                and cfg.get("importance_sampling_level") != "sequence")
+
     def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
             metrics = {}
@@ -191,16 +196,22 @@ class EpisodeDetector(Detector):
                 severity = "critical" if a.level >= 2 else "warning"
                 self._emitted = a.level
                 evidence: dict[str, Any] = tidy(a.evidence)  # type: ignore[assignment]
+                variant, overrides, message = self.variant, self._overrides(), self._message(severity, evidence)
+                if self._moe_needs_gspo():
+                    # The recipe requires GSPO's sequence-level ratio on MoE: any switch there is GSPO.
+                    variant, overrides = "gspo", preset("gspo", self.context.config)
+                    message += (" This is a mixture-of-experts model: instead, switch to GSPO (sequence-level "
+                                "importance ratio), which the recipe requires there.")
                 findings.append(
                     Finding(
                         detector=self.id,
                         severity=severity,
                         step=step,
                         onset_step=self.episode_start,
-                        variant=self.variant,
-                        config_overrides=self._overrides(),
+                        variant=variant,
+                        config_overrides=overrides,
                         evidence=evidence,
-                        message=self._message(severity, evidence),
+                        message=message,
                     )
                 )
             self.state = "critical" if self._emitted >= 2 else "warning"

@@ -19,6 +19,7 @@ from detectors.signals import (
     CorrectnessSource,
     EntropyTrack,
     LevelTrack,
+    fair_sample,
     get,
     groups_of,
     sample_length,
@@ -77,6 +78,7 @@ class LengthRewardCoupling(EpisodeDetector):
 
     id = "length_reward_coupling"
     variant = "dr_grpo"
+    requires = (("completions/mean_length", "reward|rewards/*/mean"),)
 
     def __init__(
         self,
@@ -116,7 +118,7 @@ class LengthRewardCoupling(EpisodeDetector):
         if c is not None:
             self.corr.push(step, c)
         good, bad = [], []
-        for s in list(samples)[:1024]:
+        for s in fair_sample(samples, 1024):
             if type(s) is not dict and not isinstance(s, Mapping):
                 continue
             L = sample_length(s)
@@ -240,17 +242,25 @@ class LengthRewardCoupling(EpisodeDetector):
                              "recent": fin(median(cv[-k:]))}
         stalled = elasticity <= self.stall_elasticity * (1.5 if self.in_episode else 1.0)
         falling = mk_c.p_down < 0.05
-        # A jump of entropy and truncation is degeneration, not a length trend: leave it to that detector.
+        # A jump of entropy and truncation is degeneration, not a length trend: leave it to that
+        # detector, unless the total reward rises with the length (the reward pays for length,
+        # which is coupling whatever entropy does).
         degenerate = False
         if self.entropy.ready and (self.entropy.ratio(k) or 0.0) >= 2.5:
             degenerate = True
         if len(self.clipped) and median(self.clipped.last(k)) >= 0.5:
             degenerate = True
-        ev["degenerate_regime"] = degenerate
         corroborators = self._corroborators(start, ev)
-        _, rv = self._window(self.reward, start)
+        rs, rv = self._window(self.reward, start)
+        pays = False
         if len(rv) == len(lv) and len(rv) >= 4:
-            ev["reward_length_correlation"] = fin(pearson(lv, rv))
+            corr = pearson(lv, rv)
+            ev["reward_length_correlation"] = fin(corr)
+            pays = corr is not None and corr >= 0.5 and theil_sen(rs, rv) > 0 and self.correctness.key != "reward"
+        if pays:
+            degenerate = False
+            corroborators.append("reward_tracks_length")
+        ev["degenerate_regime"] = degenerate
         level = 0
         if length_rising and not degenerate and (stalled or "length_explains_reward" in corroborators):
             level = 1

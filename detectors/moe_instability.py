@@ -10,7 +10,7 @@ turning bursty, importance-sampling ratio extremes, repeated grad-norm spikes, `
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
@@ -120,6 +120,11 @@ class MoeInstability(EpisodeDetector):
 
     id = "moe_instability"
     variant = "gspo"
+
+    def not_applicable(self, names: Collection[str]) -> str | None:
+        if self.sighting.moe or is_moe_run(self.context.is_moe, dict.fromkeys(names)):
+            return None
+        return "not a mixture-of-experts run"
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ class MoeModelDetected(Detector):
 
     id = "moe_model_detected"
     variant = None
+    role = "info"
 
     def __init__(self) -> None:
         super().__init__()

@@ -5,6 +5,11 @@ Every group has identical rewards (``frac_reward_zero_std`` = 1), every completi
 gradient is zero, sustained over several logged points. No GRPO variant fixes this, so the finding
 carries none. When entropy has exploded or collapsed relative to its own baseline, the stall is a
 symptom of that failure and is left to its own detector.
+
+A signal *lost* is not a signal never had. A run whose groups had reward spread for a while and whose
+reward then fell has collapsed: the task was learnable, so the advice is a lower learning rate from a
+checkpoint before the onset (the finding carries it as a config change), not easier prompts. A run
+that never had a spread is told the task is too hard or the reward never pays.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from detectors.base import Metrics, Sample
 from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from detectors.signals import EntropyTrack, get
 from detectors.stats import Window, fin
+from detectors.sudden_collapse import REMEDY, lowered_learning_rate
 
 
 class NoLearningSignal(EpisodeDetector):
@@ -55,6 +61,12 @@ class NoLearningSignal(EpisodeDetector):
         self.rewards = Window(2 * self.persist_points + 1)
         cap = (self.context.config or {}).get("max_completion_length")
         self.cap = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
+        self.masked = (self.context.config or {}).get("mask_truncated_completions") is True
+        # The run's own history of signal: points where most groups had a reward spread.
+        self.signal_points = 0
+        self.last_signal_step: int | None = None
+        self.best_reward: float | None = None
+        self.lost = False
 
     def _conditions(self, metrics: Metrics) -> tuple[list[str], bool]:
         """The no-signal conditions holding at this step, and whether any was measurable."""
@@ -66,11 +78,14 @@ class NoLearningSignal(EpisodeDetector):
             if fz >= self.level:
                 out.append("all_groups_zero_std")
         cr = get(metrics, "completions/clipped_ratio")
+        rs, g = get(metrics, "reward_std"), get(metrics, "grad_norm")
         if cr is not None:
             measured = True
-            if cr >= self.level:
+            # Truncated completions still carry their group's advantages unless TRL masks them out of
+            # the loss: all-truncated is no signal only when masked, or when the groups' spread is gone.
+            spread = (fz < 0.5) if fz is not None else (rs > 1e-6) if rs is not None else False
+            if cr >= self.level and (self.masked or not spread):
                 out.append("all_truncated")
-        rs, g = get(metrics, "reward_std"), get(metrics, "grad_norm")
         if rs is not None and g is not None:
             measured = True
             if rs <= 1e-6 and g <= 1e-8:
@@ -92,6 +107,12 @@ class NoLearningSignal(EpisodeDetector):
             w = self.rewards
             w.steps.append(step)
             w.values.append(r)
+        fz = get(metrics, "frac_reward_zero_std")
+        if not conds and (fz is None or fz <= 0.5):
+            self.signal_points += 1
+            self.last_signal_step = step
+            if r is not None and (self.best_reward is None or r > self.best_reward):
+                self.best_reward = r
         k = self.persist_points
         if conds:
             run = self._run + 1
@@ -102,8 +123,10 @@ class NoLearningSignal(EpisodeDetector):
         self._run = run
         # The flagged run must also cover persist_steps of training (a coarse point covers several).
         covered = (step - flags.steps[-run] + self.clock.gap) if run else 0
-        sustained = run >= k and covered >= self.persist_steps
-        long_sustained = run >= 2 * k and covered >= 2 * self.persist_steps
+        # A coarse log (each point covering many steps) needs fewer points for the same stretch of training.
+        need = max(2, min(k, -(-self.persist_steps // max(1, self.clock.gap)) + 1))
+        sustained = run >= need and covered >= self.persist_steps
+        long_sustained = run >= 2 * need and covered >= 2 * self.persist_steps
         ev: dict[str, Any] = {"conditions": conds, "points_in_a_row": run, "persist_points": k, "level": self.level}
         if not run and not self.in_episode:
             return Assessment(level=0, evidence=ev)
@@ -119,17 +142,48 @@ class NoLearningSignal(EpisodeDetector):
             ev["deferred_to"] = deferred
         if self.rewards.values:
             ev["reward"] = fin(self.rewards.values[-1])
+        ev["signal"] = "never_had"
+        if self.signal_points >= k and self.last_signal_step is not None:
+            best, now = self.best_reward, (self.rewards.values[-1] if self.rewards.values else None)
+            ev["had_signal_until"] = self.last_signal_step
+            ev["signal_points"] = self.signal_points
+            ev["best_reward"] = fin(best)
+            if best is None or now is None:
+                ev["signal"] = "had_signal"  # without a reward, a solved task and a collapse look alike
+            else:
+                # Every group scoring alike at the best reward is a solved task, not a lost signal.
+                ev["signal"] = "lost" if now < best - 0.5 * max(abs(best), 1e-9) else "saturated"
+        self.lost = ev["signal"] == "lost"
+        if self.lost:
+            lr = lowered_learning_rate(self.context.config)
+            if lr is not None:
+                ev["remedy"] = REMEDY
+                ev["learning_rate"] = {"configured": fin(self.context.config.get("learning_rate")), "recommended": lr}
         level = 0
         if sustained and not deferred:
             level = 1
-            if long_sustained or (self.episode_len >= 1 and sum(1 for v in flags.last(k) if v >= 2) == k):
+            if long_sustained or (self.episode_len >= 1 and sum(1 for v in flags.last(need) if v >= 2) == need):
                 level = 2
         onset = flags.steps[-run] if run and level else None
         return Assessment(level=level, evidence=ev, onset_step=onset)
 
+    def _overrides(self) -> dict[str, Any]:
+        if not self.lost:
+            return {}
+        lr = lowered_learning_rate(self.context.config)
+        return {"learning_rate": lr} if lr is not None else {}
+
     def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
         conds = evidence.get("conditions", [])
         reward = evidence.get("reward")
+        if evidence.get("signal") == "lost":
+            lead = "The learning signal was lost" if severity == "critical" else "The learning signal is being lost"
+            lr = (evidence.get("learning_rate") or {}).get("recommended")
+            change = f"a lower learning rate (learning_rate={lr})" if lr is not None else "a lower learning rate"
+            return (f"{lead}: the run had reward spread within its groups until step {evidence.get('had_signal_until')} "
+                    f"(reward up to {evidence.get('best_reward')}, now {reward}), so the task is learnable and the "
+                    f"policy collapsed. Resume from a checkpoint saved before the onset with {change}, or with the "
+                    "variant a collapse detector names; training on wastes compute.")
         if "all_truncated" in conds:
             cap = f" (now {self.cap}; try {2 * self.cap} or more)" if self.cap else ""
             advice = f"every completion is cut at the length cap: raise max_completion_length{cap} or ask for shorter answers."

@@ -53,6 +53,7 @@ class NonFinite(EpisodeDetector):
 
     id = "non_finite"
     variant = None
+    role = "guard"  # a sanity check: a run it alone could read is not judged
     clear_after = 3
 
     def __init__(self, persist_points: int = 2) -> None:

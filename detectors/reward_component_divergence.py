@@ -8,7 +8,7 @@ Components named after length are left to the length-reward coupling detector.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
@@ -18,9 +18,14 @@ from detectors.signals import (
     LevelTrack,
     get,
     is_length_name,
+    resolve_correctness,
     reward_names_in,
 )
 from detectors.stats import fin, mann_kendall
+
+
+# A component's recent level at this share of its running maximum counts as at its ceiling.
+_CEILING = 0.9
 
 
 class RewardComponentDivergence(EpisodeDetector):
@@ -29,7 +34,9 @@ class RewardComponentDivergence(EpisodeDetector):
     Parameters: ``rise`` (gain of the component, relative to its level, that counts as a large
     rise), ``noise_z`` (the gain must also exceed this many baseline noise sigmas),
     ``persist_points``/``persist_steps`` (the pattern must hold for this many logged points and
-    training steps in a row), ``max_components`` (components tracked at most).
+    training steps in a row), ``max_components`` (components tracked at most), ``saturated_steps``
+    (training steps a shaping or format component must sit at its ceiling, with correctness near zero
+    and not trending up, to count without a rise: a reward saturated from the start never rises).
 
     >>> det = RewardComponentDivergence()
     >>> det.start(RunContext(correctness_reward="correct"))
@@ -44,13 +51,23 @@ class RewardComponentDivergence(EpisodeDetector):
     id = "reward_component_divergence"
     variant = None
 
+    def missing_inputs(self, names: Collection[str], has_samples: bool = False) -> str | None:
+        components = reward_names_in(names)
+        key, correct = resolve_correctness(self.context, names)
+        if correct is None or key not in names:
+            return "needs a correctness reward component (rewards/<correct|accuracy|exact_match...>/mean)"
+        if not [c for c in components if c != correct and not is_length_name(c)]:
+            return f"needs another reward component besides {correct}"
+        return None
+
     def __init__(self, rise: float = 0.3, noise_z: float = 4.0, persist_points: int = 2, persist_steps: int = 10,
-                 max_components: int = 16) -> None:
+                 max_components: int = 16, saturated_steps: int = 50) -> None:
         self.rise = check_float("rise", rise, 0.0, 100.0, low_open=True)
         self.noise_z = check_float("noise_z", noise_z, 0.0, 1e6)
         self.persist_points = check_int("persist_points", persist_points, 1)
         self.persist_steps = check_int("persist_steps", persist_steps, 0)
         self.max_components = check_int("max_components", max_components, 1)
+        self.saturated_steps = check_int("saturated_steps", saturated_steps, 1)
         super().__init__()
 
     def _reset_state(self) -> None:
@@ -63,6 +80,10 @@ class RewardComponentDivergence(EpisodeDetector):
         self._quiet = {"components": "no component near a rise"}
         self._any_ready = False
         self.confirm_points, self.confirm_steps = self.persist_points, self.persist_steps
+        # A component pinned at its ceiling from the start never "rises": its running maximum and
+        # the first step of its current stretch at that ceiling.
+        self._max: dict[str, float] = {}
+        self._sat_since: dict[str, int] = {}
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         c = self.correctness.value(metrics)
@@ -88,6 +109,14 @@ class RewardComponentDivergence(EpisodeDetector):
                     self._length_named.add(name)
             track.push(step, v)
             pushed = True
+            top = self._max.get(name)
+            if top is None or v > top:
+                top = self._max[name] = v
+            level = track.window.recent_median(5)
+            if top > 0 and level is not None and level >= _CEILING * top:
+                self._sat_since.setdefault(name, step)
+            else:
+                self._sat_since.pop(name, None)
         if c is None and not pushed:
             return None
         if self.correctness.name is None:
@@ -101,7 +130,11 @@ class RewardComponentDivergence(EpisodeDetector):
         return self._judge(step)
 
     def _worth_judging(self) -> bool:
-        """A cheap pre-check on the latest values: is any component at least half-way to a rise?"""
+        """A cheap pre-check on the latest values: is any component at least half-way to a rise,
+        or long pinned at its ceiling?"""
+        last = self.clock._steps[-1] if self.clock._steps else 0
+        if any(last - s >= self.saturated_steps // 2 and n not in self._length_named for n, s in self._sat_since.items()):
+            return True
         for name, track in self.components.items():
             b = track.baseline.value
             if b is None or name in self._length_named or not track.window.values:
@@ -152,12 +185,53 @@ class RewardComponentDivergence(EpisodeDetector):
                 ev["component_saturated"] = saturated
                 if self.episode_len >= self.confirm_points or (c_falling and self.episode_len >= 1):
                     level = 2
-        return Assessment(level=level, evidence=ev, onset_step=None)
+        onset = None
+        if level == 0:
+            level, onset = self._saturated(step, k, cr, ev)
+        return Assessment(level=level, evidence=ev, onset_step=onset)
+
+    def _saturated(self, step: int, k: int, cr: float, ev: dict[str, Any]) -> tuple[int, int | None]:
+        """A shaping or format component pinned at its ceiling for ``saturated_steps`` while
+        correctness stays near zero and does not trend up: the reward pays for everything but the
+        task (level 1; level 2 over twice the stretch)."""
+        best: tuple[int, str] | None = None
+        for name, since in self._sat_since.items():
+            if name in self._length_named or step - since < self.saturated_steps:
+                continue
+            if best is None or since < best[0]:
+                best = (since, name)
+        if best is None:
+            return 0, None
+        since, name = best
+        track = self.components[name]
+        top = self._max.get(name, 0.0)
+        recent = track.window.recent_median(k) or 0.0
+        history = self.correct.window.last(32)
+        if len(history) < 8:
+            return 0, None
+        mk = mann_kendall(history[-24:])
+        peak = max(abs(v) for v in history)
+        relax = 2.0 if self.in_episode else 1.0
+        near_zero = abs(cr) <= 0.05 * relax * abs(recent) and peak <= 0.2 * relax * abs(recent)
+        ev["component"] = name
+        ev["pattern"] = "saturated"
+        ev[name] = {"recent": fin(recent), "ceiling": fin(top), "since_step": since}
+        ev["correctness"].update(trend=mk.as_evidence(), window_max=fin(peak), near_zero=near_zero)
+        if not near_zero or mk.p_up <= 0.05 / (5 * relax - 4):
+            return 0, None
+        return (2 if step - since >= 2 * self.saturated_steps else 1), since
 
     def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
         name = evidence.get("component", "a component")
         info = evidence.get(name, {}) if isinstance(evidence.get(name), Mapping) else {}
         corr = evidence.get("correctness", {})
+        if evidence.get("pattern") == "saturated":
+            return (
+                f"Reward component {name} has sat at its ceiling ({info.get('recent')}) since step {info.get('since_step')} "
+                f"while {corr.get('metric')} stays near zero ({corr.get('recent')}): the reward pays for everything but the "
+                "task. Inspect the reward function on 50-100 sampled outputs, and check the task is within the model's "
+                "reach (easier prompts, partial credit) before tuning anything."
+            )
         return (
             f"Reward component {name} rose from {info.get('baseline')} to {info.get('recent')} while {corr.get('metric')} "
             f"stayed at {corr.get('recent')} (baseline {corr.get('baseline')}). Inspect the reward function on 50-100 "

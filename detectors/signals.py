@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import math
+import random
 import re
-from collections import deque
+import zlib
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -114,19 +116,181 @@ def sample_length(sample: Mapping[str, Any]) -> float | None:
     return v if v is not None and v >= 0 else None
 
 
-def groups_of(samples: Sequence[Mapping[str, Any]], max_samples: int = 4096) -> dict[Any, list[Mapping[str, Any]]]:
-    """Samples by generation group (bounded: beyond ``max_samples`` the rest is ignored)."""
+def _group_key(s: Mapping[str, Any], i: int) -> Any:
+    g = s.get("group")
+    if g is None or isinstance(g, (float, list, dict)):
+        g = ("index", s.get("index", i) if not isinstance(s.get("index"), (list, dict)) else i)
+    return g
+
+
+def _all_groups(samples: Sequence[Any]) -> dict[Any, list[Mapping[str, Any]]]:
     out: dict[Any, list[Mapping[str, Any]]] = {}
     for i, s in enumerate(samples):
-        if i >= max_samples:
-            break
         if type(s) is not dict and not isinstance(s, Mapping):
             continue
-        g = s.get("group")
-        if g is None or isinstance(g, (float, list, dict)):
-            g = ("index", s.get("index", i) if not isinstance(s.get("index"), (list, dict)) else i)
-        out.setdefault(g, []).append(s)
+        out.setdefault(_group_key(s, i), []).append(s)
     return out
+
+
+def _seed(samples: Sequence[Any]) -> str:
+    """The same seed live and in replay: the step the samples belong to."""
+    for s in samples:
+        if type(s) is dict or isinstance(s, Mapping):
+            step = s.get("step")
+            return f"grpo-monitor:{step if isinstance(step, int) else 0}"
+    return "grpo-monitor:0"
+
+
+def fair_sample(samples: Sequence[Any], max_samples: int) -> list[Mapping[str, Any]]:
+    """At most ``max_samples`` samples made of whole generation groups drawn at random (seeded by
+    the step, so live and replayed runs draw the same), in their original order. The first N
+    would be the first ranks' prompts only.
+
+    >>> rows = [{"step": 3, "group": g, "index": 2 * g + k} for g in range(100) for k in range(2)]
+    >>> picked = fair_sample(rows, 10)
+    >>> len(picked), len({r["group"] for r in picked}), picked == fair_sample(rows, 10)
+    (10, 5, True)
+    >>> max(r["group"] for r in picked) > 5
+    True
+    """
+    rows = samples if isinstance(samples, list) else list(samples)
+    if len(rows) <= max_samples:
+        return rows
+    # Several detectors bound the same step's batch alike: draw once per batch and bound.
+    cached = _FAIR.get(max_samples)
+    if cached is not None and cached[0] is rows and cached[1] == len(rows):
+        return cached[2]
+    keys = _plain_group_keys(rows)
+    if keys is None:  # records of every shape: the careful way
+        groups = _all_groups(rows)
+        order = list(groups)
+        sizes = {k: len(v) for k, v in groups.items()}
+    else:
+        order = list(dict.fromkeys(keys))
+        sizes = Counter(keys)
+    random.Random(_seed(rows)).shuffle(order)
+    chosen: set[Any] = set()
+    n = 0
+    for k in order:
+        size = sizes[k]
+        if n and n + size > max_samples:
+            continue  # a smaller group later may still fit
+        chosen.add(k)
+        n += size
+        if n >= max_samples:
+            break
+    if keys is None:
+        ids = {id(s) for k in chosen for s in groups[k]}
+        out = [s for s in rows if id(s) in ids]
+    else:
+        out = [s for s, k in zip(rows, keys) if k in chosen]
+    if len(_FAIR) > 8:
+        _FAIR.clear()
+    _FAIR[max_samples] = (rows, len(rows), out)
+    return out
+
+
+_FAIR: dict[int, tuple[list[Any], int, list[Any]]] = {}
+
+
+def _plain_group_keys(rows: list[Any]) -> list[int] | None:
+    """Every sample's ``group`` when all are dicts with an integer one (the tap's records), else None."""
+    try:
+        keys = [s["group"] for s in rows]
+    except (KeyError, TypeError, IndexError):
+        return None
+    if set(map(type, keys)) != {int} or set(map(type, rows)) != {dict}:
+        return None
+    return keys
+
+
+def groups_of(samples: Sequence[Mapping[str, Any]], max_samples: int = 4096) -> dict[Any, list[Mapping[str, Any]]]:
+    """Samples by generation group (bounded: beyond ``max_samples``, a fair sample of the groups)."""
+    rows = samples if isinstance(samples, list) else list(samples)
+    if len(rows) > max_samples:
+        rows = fair_sample(rows, max_samples)
+    return _all_groups(rows)
+
+
+# -- signals read from completion text ---------------------------------------------------------
+# The reward tap computes these on the whole completion and records them as numbers
+# (``tail_rep``, ``text_hash``); a log without them (a foreign or older log) falls back to the
+# recorded text.
+
+def repeated_ngram_share(text: str, n: int = 4, max_words: int = 200) -> float | None:
+    """Share of word n-grams that repeat an earlier n-gram of the same text (0 = none repeated).
+
+    >>> repeated_ngram_share("a b c d a b c d a b c d")
+    0.556
+    >>> repeated_ngram_share("one two three four five six")
+    0.0
+    """
+    # The tail is where degenerate text loops; reading only it bounds the cost per completion.
+    # (``rsplit`` from the right makes only the words kept: this runs on every completion.)
+    words = text[-12 * max_words:].rsplit(None, max_words)
+    if len(words) > max_words:
+        del words[0]
+    k = len(words) - n + 1
+    if k < 2:
+        return None
+    return round(1.0 - len(set(zip(*(words[i:] for i in range(n))))) / k, 3)
+
+
+def top_word_share(text: str, max_words: int = 200) -> float | None:
+    """Share of the last ``max_words`` words taken by the commonest one (``!!!! !!!! ...`` is 1.0).
+
+    >>> top_word_share("! ! ! ! ok")
+    0.8
+    """
+    words = text[-12 * max_words:].rsplit(None, max_words)
+    if len(words) > max_words:
+        del words[0]
+    if len(words) < 4:
+        return None
+    return round(Counter(words).most_common(1)[0][1] / len(words), 3)
+
+
+TOP_WORD_RECORDED = 0.5  # the tap records ``top_word`` only from this share up (below it: absent)
+
+
+def sample_top_word_share(sample: Mapping[str, Any]) -> float | None:
+    """How much one word dominates the completion: the tap's number (absent: below
+    ``TOP_WORD_RECORDED``, read as 0), else measured on the recorded text."""
+    if "tail_rep" in sample:
+        v = finite(sample.get("top_word"))
+        return 0.0 if v is None else v
+    text = sample.get("completion")
+    return top_word_share(text) if isinstance(text, str) else None
+
+
+def text_hash(text: str) -> int:
+    """A 52-bit fingerprint of a completion (stripped), equal for equal texts on every machine:
+    CRC-32 of the UTF-8 bytes (several GB/s) in the low bits, the byte length above them, so
+    texts of different lengths never collide and equal-length ones with odds 2**-32."""
+    data = text.strip().encode("utf-8", "surrogatepass")
+    return ((len(data) & 0xFFFFF) << 32) | zlib.crc32(data)
+
+
+def has_text_signals(sample: Mapping[str, Any]) -> bool:
+    return "tail_rep" in sample or isinstance(sample.get("completion"), str)
+
+
+def sample_tail_repetition(sample: Mapping[str, Any]) -> float | None:
+    """The completion's tail repetition: the tap's number, else measured on the recorded text."""
+    if "tail_rep" in sample:
+        return finite(sample.get("tail_rep"))
+    text = sample.get("completion")
+    return repeated_ngram_share(text) if isinstance(text, str) else None
+
+
+def duplicate_key(sample: Mapping[str, Any]) -> Any:
+    """What two identical completions share: the tap's fingerprint of the whole text, else the
+    recorded text itself (stripped); None when neither is there."""
+    h = sample.get("text_hash")
+    if type(h) is int:
+        return h
+    text = sample.get("completion")
+    return None if text is None else str(text).strip()
 
 
 class LevelTrack:

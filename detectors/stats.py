@@ -336,7 +336,8 @@ def rounded(x: float | None, digits: int = 4) -> float | None:
         return None
     if x == 0:
         return 0.0
-    return float(f"{x:.{digits}g}")
+    r = float(f"{x:.{digits}g}")
+    return r if math.isfinite(r) else x  # rounding up near the float maximum would overflow
 
 
 def fin(x: float | None) -> float | None:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 @dataclass
 class ScriptArguments:
-    scenario: str = field(default="healthy", metadata={"help": "healthy, collapse, length or degenerate"})
+    scenario: str = field(default="healthy", metadata={"help": "healthy, collapse, sudden_collapse, length or degenerate"})
     moe: bool = field(default=False, metadata={"help": "train the tiny 8-expert Qwen3-MoE"})
 
 

@@ -40,8 +40,10 @@ def attach(trainer: Any, run_dir: Any = None, **options: Any) -> Any:
     return _attach(trainer, run_dir, **options)
 
 
-def load_run(path: Any):
-    """Any supported run (run directory, trainer_state.json, TensorBoard, CSV, JSONL) as a DataFrame.
+def load_run(path: Any, logging_steps: int | None = None, mapping: Any = None):
+    """Any supported run (run directory, trainer_state.json, TensorBoard, CSV, JSONL, console log, W&B or
+    trackio run) as a DataFrame. ``logging_steps`` numbers a console log's dicts where the log does not say;
+    ``mapping`` reads a column as a metric (``{"score_mean": "reward"}``), as ``analyze(..., mapping=)`` does.
 
     A run directory that was restarted gives all its segments, one after the other, with a
     ``segment`` column (0 for the first).
@@ -53,14 +55,20 @@ def load_run(path: Any):
     if is_run_dir(path):
         dirs = lineage_dirs(path)
         if len(dirs) == 1:
-            return _load_run_dir(path)
-        import pandas as pd
+            frame = _load_run_dir(path)
+        else:
+            import pandas as pd
 
-        frames = [_load_run_dir(d).assign(segment=i) for i, d in enumerate(dirs)]
-        return pd.concat(frames)
+            frame = pd.concat([_load_run_dir(d).assign(segment=i) for i, d in enumerate(dirs)])
+        if mapping:
+            from monitor.analysis import parse_mapping
+
+            frame = frame.rename(columns=parse_mapping(mapping))
+        return frame
+    from monitor.analysis import parse_mapping, prepare
     from monitor.sources import load_source
 
-    return load_source(path).frame()
+    return prepare(load_source(path, logging_steps=logging_steps), parse_mapping(mapping)).frame()
 
 
 def analyze(path: Any, **options: Any) -> Any:

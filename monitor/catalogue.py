@@ -1,9 +1,9 @@
 """The variant catalogue, validated against the GRPOConfig that is actually installed.
 
-TRL's config accepts any ``loss_type`` or ``importance_sampling_level`` string and fails only at
-the first training step, so the accepted values are read from the installed trainer's own source
-(every ``loss_type == "..."`` / ``loss_type in [...]`` it branches on) and checked here, before a
-restart spends GPU time on a typo. Field names and value types come from ``GRPOConfig``'s
+TRL's config accepts any ``loss_type``, ``importance_sampling_level`` or ``vllm_importance_sampling_mode``
+string and fails only at the first training step (or the first vLLM generation), so the accepted
+values are read from the installed trainer's own source (every ``loss_type == "..."`` /
+``loss_type in [...]`` it branches on) and checked here, before a restart spends GPU time on a typo. Field names and value types come from ``GRPOConfig``'s
 dataclass fields.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from detectors.variants import VARIANT_PRESETS, preset
 
 # Fields whose accepted values TRL does not enforce in the config itself.
-CHOICE_FIELDS = ("loss_type", "importance_sampling_level", "scale_rewards")
+CHOICE_FIELDS = ("loss_type", "importance_sampling_level", "scale_rewards", "vllm_importance_sampling_mode", "vllm_mode")
 
 
 class CatalogueError(ValueError):

@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--run-dir", default=None, help="run directory to write (default runs/demo-<time>)")
     d.add_argument("--moe", action="store_true", help="train the tiny 8-expert top-2 Qwen3-MoE instead of the dense model")
     d.add_argument("--report-to", default="none", help="passed to GRPOConfig(report_to=...), e.g. tensorboard")
-    d.add_argument("--scenario", default="healthy", choices=("healthy", "collapse", "length", "degenerate"),
+    d.add_argument("--scenario", default="healthy", choices=("healthy", "collapse", "sudden_collapse", "length", "degenerate"),
                    help="drive the tiny model into a behaviour with real training settings")
     d.add_argument("--auto-restart", action="store_true", help="stop on a confirmed finding and restart with the recommended variant")
     d.add_argument("--max-restarts", type=int, default=2)
@@ -32,7 +32,19 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="diagnose finished runs: run directories, trainer_state.json, TensorBoard, CSV/JSONL")
     a.add_argument("paths", nargs="+", metavar="PATH")
     a.add_argument("--json", action="store_true", help="print one JSON document (fixed shape) instead of the report")
+    a.add_argument("--logging-steps", type=_positive_int, default=None, metavar="N",
+                   help="for a console log whose printed dicts carry no step and that does not say its logging_steps: "
+                        "the k-th dict is step k*N")
     a.add_argument("--markdown", metavar="FILE", default=None, help="also write a shareable Markdown report")
+    a.add_argument("--map", action="append", default=None, metavar="COLUMN=METRIC", dest="mapping",
+                   help="read the log's COLUMN as METRIC (reward, entropy, length, clipped_ratio, correctness, "
+                        "rewards/<name>/mean, ...); repeatable, e.g. --map score_mean=reward")
+    a.add_argument("--alerts", metavar="URL", default=None,
+                   help="also post each run's verdict to a Slack, Discord or generic JSON webhook (see docs/ALERTS.md)")
+    a.add_argument("--alerts-format", choices=("slack", "discord", "generic"), default=None,
+                   help="the webhook's payload format (default: recognised from the URL)")
+    a.add_argument("--alerts-min-severity", choices=("info", "warning", "critical"), default="warning",
+                   help="post runs whose verdict reaches this (info: every run, healthy ones too; default warning)")
 
     s = sub.add_parser("supervise", help="run a training command; relaunch it with the recommended variant when the monitor stops it")
     s.add_argument("--max-restarts", type=int, default=2, help="restarts allowed (default 2)")
@@ -45,13 +57,23 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("path", metavar="RUN")
 
     from monitor.lint import add_lint_arguments
-    from monitor.reward_gate import add_inspect_arguments
+    from monitor.preflight.reward_gate import add_inspect_arguments
 
     lp = sub.add_parser("lint", help="pre-flight recipe checks and memory estimate of a TRL YAML/JSON config or a run directory")
     add_lint_arguments(lp)
     ip = sub.add_parser("inspect-rewards", help="reward-inspection gate: judge reward scores on 50-100 sampled completions")
     add_inspect_arguments(ip)
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of steps >= 1, got {text!r}")
+    return n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,7 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verb == "analyze":
         from monitor.analysis import run_cli
 
-        return run_cli(args.paths, as_json=args.json, markdown=args.markdown)
+        code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
+                       mapping=args.mapping)
+        if args.alerts and code != EXIT_BAD_INPUT:
+            from monitor.alerts import analyze_cli_post
+
+            analyze_cli_post(args.paths, args.alerts, args.alerts_format, args.alerts_min_severity,
+                             logging_steps=args.logging_steps, mapping=args.mapping)
+        return code
     if args.verb == "supervise":
         from monitor.supervise import run_cli as supervise_cli
 
@@ -89,10 +118,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_lint_cli(args)
     if args.verb == "inspect-rewards":
-        from monitor.reward_gate import run_inspect_cli
+        from monitor.preflight.reward_gate import run_inspect_cli
+
+        def open_screen(session, run_dir, funcs, source):  # type: ignore[no-untyped-def]
+            from monitor.preflight.gate_app import run_gate
+
+            return run_gate(session, run_dir, funcs, source)
 
         try:
-            return run_inspect_cli(args)
+            return run_inspect_cli(args, open_screen)
         except ImportError as exc:
             print(f"grpo-monitor: inspect-rewards needs the 'train' and 'tui' extras ({exc})", file=sys.stderr)
             return EXIT_BAD_INPUT

@@ -9,23 +9,72 @@ from typing import Any
 
 DEFAULT_STEPS = 60
 
-# Real training settings that drive the tiny model into each behaviour (measured on this model).
-# A failure starts after a healthy phase (``switch``: from that step on, the setting changes), so
-# the run has a baseline of its own to be compared with, as a real run does.
+# Each failure is driven by a mechanism whose outcome does not hang on the trajectory a CPU's
+# rounding takes: a sampling temperature (the sampled distribution is sharpened or flattened by
+# arithmetic, whatever the weights are), a learning rate so large that one Adam step moves every
+# weight by more than its own size, a length the sampler is made to reach (min_new_tokens) under a
+# reward that pays per token. A failure starts after a healthy
+# phase (``switch``: from that step on, the setting changes), so the run has a baseline of its own
+# to be compared with, as a real run does. The switch is part of the scenario's training script, so
+# a restarted segment meets it again, as it would in a real script.
 SCENARIOS: dict[str, dict[str, Any]] = {
     "healthy": {"config": {}, "extra_rewards": [], "steps": 60, "switch": None,
                 "what": "the recipe's plain GRPO: correctness improves, entropy settles"},
-    "collapse": {"config": {"lr_scheduler_type": "constant", "max_completion_length": 32}, "extra_rewards": [],
-                 "steps": 70, "switch": {"at": 25, "learning_rate": 5e-3},
-                 "what": "from step 25 the learning rate jumps to 5e-3: completions turn identical and entropy collapses"},
-    "length": {"config": {"loss_type": "grpo", "max_completion_length": 64, "learning_rate": 1e-3},
-               "extra_rewards": ["length_bonus_reward"], "steps": 150, "switch": None,
-               "what": "a reward paying 0.05 per token under loss_type='grpo': length runs to the cap, correctness does not move"},
-    "degenerate": {"config": {"entropy_coef": 1e-4, "max_completion_length": 16, "learning_rate": 3e-4,
-                              "lr_scheduler_type": "constant"},
-                   "extra_rewards": [], "steps": 120, "switch": {"at": 25, "entropy_coef": 1.0},
-                   "what": "from step 25 an entropy bonus of 1.0: entropy rises, completions grow to the cap, reward falls"},
+    "collapse": {"config": {"lr_scheduler_type": "constant", "max_completion_length": 32,
+                            "save_strategy": "steps", "save_steps": 5},
+                 "extra_rewards": [], "steps": 60, "switch": {"at": 25, "temperature": 0.05, "over": 3},
+                 "what": "from step 25 a sampling-temperature schedule anneals to 0.05: completions turn "
+                         "identical within each group and entropy collapses"},
+    "sudden_collapse": {"config": {"lr_scheduler_type": "constant", "max_completion_length": 32,
+                                   "save_strategy": "steps", "save_steps": 5},
+                        "extra_rewards": [], "steps": 50, "switch": {"at": 25, "lr_factor": 3000.0},
+                        "what": "from step 25 the learning-rate schedule multiplies the rate by 3000 (a warm "
+                                "restart given in the wrong units): one Adam step wrecks the weights and "
+                                "the reward crashes"},
+    "length": {"config": {"loss_type": "grpo", "max_completion_length": 64, "lr_scheduler_type": "constant"},
+               "extra_rewards": ["length_bonus_reward"], "steps": 70,
+               "switch": {"at": 20, "min_new_tokens_per_step": 1},
+               "what": "a reward paying 0.05 per token, and from step 20 a length curriculum (min_new_tokens) that "
+                       "grows a token a step: length and reward rise together, correctness does not move"},
+    # Four prompts a step and a longer warm start: correctness starts well above its step-to-step
+    # noise, so its fall is plain; the slow heat makes it a degeneration, not a crash.
+    "degenerate": {"config": {"max_completion_length": 16, "lr_scheduler_type": "constant",
+                              "per_device_train_batch_size": 32},
+                   "warm_start": 600, "extra_rewards": [], "steps": 100,
+                   "switch": {"at": 25, "temperature": 12.0, "over": 80},
+                   "what": "from step 25 a sampling-temperature schedule heats up to 12 over 80 steps: "
+                           "entropy rises, completions turn to gibberish at the cap, reward falls"},
 }
+
+
+def temperature_at(switch: dict[str, Any], step: int, start: float = 1.0) -> float:
+    """The scheduled sampling temperature at ``step``: geometric from ``start`` to the target over
+    ``over`` steps after ``at`` (a schedule in log space, as temperature acts on logits)."""
+    over = max(1, int(switch.get("over", 1)))
+    done = min(max(step - switch["at"], 0) + 1, over) / over
+    return float(start * (switch["temperature"] / start) ** done)
+
+
+def set_temperature(trainer: Any, temperature: float) -> None:
+    """Samples and scores at ``temperature`` from now on, the way TRL does from the config: the
+    generation config, and the fused LM head that divides the logits for the log-probabilities
+    and the logged entropy (built once in the trainer's __init__, so it is built again here)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    trainer.temperature = temperature
+    if getattr(trainer, "generation_config", None) is not None:
+        trainer.generation_config.temperature = temperature
+    if isinstance(getattr(trainer, "generation_kwargs", None), dict):
+        trainer.generation_kwargs["temperature"] = temperature
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    # Patch over TRL's own head each time, never over our last patch: one wrapper deep, whatever the schedule.
+    first = model.__dict__.setdefault("_grpo_monitor_trl_forward", model.forward)
+    model.forward = first
+    add_fused_lm_head(model, temperature=temperature,
+                      cast_lm_head_to_fp32=bool(getattr(trainer.args, "cast_lm_head_to_fp32", False)),
+                      outputs=("log_probs", "entropy"))
 
 
 def _scenario_switch(trainer: Any, switch: dict[str, Any]):
@@ -33,14 +82,30 @@ def _scenario_switch(trainer: Any, switch: dict[str, Any]):
     from transformers import TrainerCallback
 
     class ScenarioSwitch(TrainerCallback):
+        temperature: float | None = None
+
         def on_step_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
             if state.global_step < switch["at"]:
                 return
-            if "learning_rate" in switch and optimizer is not None:
+            lr = None
+            if "learning_rate" in switch:
+                lr = float(switch["learning_rate"])
+            elif "lr_factor" in switch:
+                lr = float(args.learning_rate) * float(switch["lr_factor"])
+            if lr is not None and optimizer is not None:
                 for group in optimizer.param_groups:
-                    group["lr"] = switch["learning_rate"]
+                    group["lr"] = lr
                 if lr_scheduler is not None and hasattr(lr_scheduler, "base_lrs"):
-                    lr_scheduler.base_lrs = [switch["learning_rate"]] * len(lr_scheduler.base_lrs)
+                    lr_scheduler.base_lrs = [lr] * len(lr_scheduler.base_lrs)
+            if "temperature" in switch:
+                t = temperature_at(switch, state.global_step, float(args.temperature))
+                if t != self.temperature:
+                    set_temperature(trainer, t)
+                    self.temperature = t
+            if "min_new_tokens_per_step" in switch and getattr(trainer, "generation_config", None) is not None:
+                cap = int(args.max_completion_length or 0)
+                grow = int((state.global_step - switch["at"] + 1) * switch["min_new_tokens_per_step"])
+                trainer.generation_config.min_new_tokens = max(0, min(grow, cap - 1))
             if "entropy_coef" in switch:
                 trainer.entropy_coef = switch["entropy_coef"]
             if "reward_weights" in switch:
@@ -55,6 +120,13 @@ def scenario_rewards(name: str) -> list[Any]:
     from fixtures import tiny
 
     return [*tiny.REWARD_FUNCS, *(getattr(tiny, r) for r in SCENARIOS[name]["extra_rewards"])]
+
+
+# The pre-flight check reports two of the demo's own settings (config_learning_rate, config_beta) as
+# info: they are chosen for a 76k-parameter model on a CPU, and the demo says so up front.
+DEMO_SETTINGS_NOTE = ("settings for a 76k-parameter model on a CPU (the pre-flight notes on them are expected): "
+                      "learning_rate=3e-4, since the recipe's 5e-7 is sized for billion-parameter models and would "
+                      "leave this one unmoved; beta=0, no reference model, as DAPO and Dr. GRPO also run")
 
 
 def demo_settings(steps: int, report_to: str = "none", **overrides: Any) -> dict[str, Any]:
@@ -109,7 +181,8 @@ def build_trainer(args: Any, moe: bool = False, reward_funcs: Any = None, warm_s
 def build_scenario_trainer(args: Any, scenario: str = "healthy", moe: bool = False):
     """The tiny-model trainer of a scenario: its reward functions and its mid-run switch."""
     spec = SCENARIOS[scenario]
-    trainer = build_trainer(args, moe=moe, reward_funcs=scenario_rewards(scenario))
+    trainer = build_trainer(args, moe=moe, reward_funcs=scenario_rewards(scenario),
+                            warm_start=spec.get("warm_start", WARM_START_STEPS))
     if spec["switch"]:
         trainer.add_callback(_scenario_switch(trainer, spec["switch"]))
     return trainer
@@ -146,6 +219,7 @@ def run_demo(
     if not quiet:
         print(f"grpo-monitor demo: scenario '{scenario}' — {spec['what']}"
               + (f"; auto-restart on (max {max_restarts})" if auto_restart else ""), flush=True)
+        print("  " + DEMO_SETTINGS_NOTE, flush=True)
 
     def make_trainer(a: Any) -> Any:
         trainer = build_scenario_trainer(a, scenario, moe=moe)
@@ -164,6 +238,8 @@ def run_demo(
             for seg in lineage.segments:
                 print_summary(seg.run_dir, time.time() - t0, title=f"segment {seg.index}"
                               + (f" ({seg.variant}: {seg.overrides})" if seg.variant else " (plain GRPO)"))
+            print(f"-- the whole lineage ({len(lineage.segments)} segments) in {time.time() - t0:.1f} s")
+            print(f"  next: grpo-monitor analyze {root}   |   grpo-monitor watch {root}")
         return root
     trainer = make_trainer(args)
     attach(trainer, root)

@@ -8,7 +8,7 @@ reported once and switched off; the others keep running.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from detectors.base import Detector, Finding, RunContext
@@ -73,9 +73,13 @@ class Engine:
         ``processes`` > 1 (``None``: one per CPU) lets a long run's detectors be shared out over
         forked processes; the findings and the detectors' final state are the same.
         """
-        if len({d.id for d in self.detectors}) != len(self.detectors):
-            # Disabling goes by id: with shared ids one failure silences several detectors
-            # mid-step, which only the step-by-step loop reproduces.
+        streamed = bool(getattr(samples, "streamed", False))
+        if streamed and not samples:
+            samples = None
+        if streamed and samples or len({d.id for d in self.detectors}) != len(self.detectors):
+            # Samples read from disk a step at a time go step by step: each step read once, for
+            # every detector. Disabling goes by id: with shared ids one failure silences several
+            # detectors mid-step, which only the step-by-step loop reproduces.
             raised: list[Finding] = []
             for step, metrics in steps:
                 raised.extend(self.update(step, metrics, samples.get(step) if samples else None))
@@ -187,6 +191,35 @@ class Engine:
                 errors += errs
         return found, errors
 
+    def coverage(self, names: Collection[str], has_samples: bool = False) -> dict[str, dict[str, Any]]:
+        """Which detectors could judge the steps fed so far, and why the others could not.
+
+        ``names`` are the metrics the run logged with a value. Each detector gets ``role``,
+        ``status`` (``judged``, ``missing_inputs``, ``too_few_points``, ``not_applicable`` or
+        ``failed``) and ``reason`` (None when judged). A detector with its inputs that never left
+        its warm-up had too few logged points to set its baseline.
+        """
+        names = names if isinstance(names, (set, frozenset, dict)) else set(names)
+        out: dict[str, dict[str, Any]] = {}
+        for d in self.detectors:
+            role = getattr(d, "role", "failure")
+            status, reason = "judged", None
+            try:
+                if d.id in self.disabled:
+                    status, reason = "failed", f"failed and was switched off ({self.disabled[d.id]})"
+                elif (why := _hook(d, "not_applicable", names)) is not None:
+                    status, reason = "not_applicable", why
+                elif (why := _hook(d, "missing_inputs", names, has_samples)) is not None:
+                    status, reason = "missing_inputs", why
+                elif getattr(d, "state", "ok") == "warming_up":
+                    n = getattr(d, "n_updates", 0)
+                    status = "too_few_points"
+                    reason = f"still warming up after {n} logged point{'s' if n != 1 else ''}: too few to set its baseline"
+            except Exception as exc:  # a broken hook must not hide the other detectors' coverage
+                status, reason = "failed", f"could not tell ({type(exc).__name__}: {exc})"
+            out[d.id] = {"role": role, "status": status, "reason": reason}
+        return out
+
     def state_names(self) -> dict[str, str]:
         """Each detector's state alone (what a step record keeps), without building evidence."""
         return {d.id: "disabled" if d.id in self.disabled else getattr(d, "state", "ok") for d in self.detectors}
@@ -198,6 +231,12 @@ class Engine:
             state = "disabled" if d.id in self.disabled else getattr(d, "state", "ok")
             out[d.id] = {"state": state, "evidence": getattr(d, "last_evidence", {})}
         return out
+
+
+def _hook(d: Detector, name: str, *args: Any) -> str | None:
+    """A coverage hook of a detector that may predate it (an object without the method answers None)."""
+    fn = getattr(d, name, None)
+    return fn(*args) if callable(fn) else None
 
 
 # Steps replayed in one process, timing each detector, before a long replay is shared out.

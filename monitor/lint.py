@@ -15,7 +15,12 @@ or sequence-level ratio that cannot act on-policy), ``config_moe_gspo`` (warning
 not on GSPO), ``config_vlm`` (warning: out of the recipe's scope), ``config_logging_steps`` (info:
 coarser detection), ``config_max_completion_length`` (warning: most completions truncated),
 ``config_bf16`` (critical: bf16 where the device has none), ``config_memory`` (from the memory
-estimate: critical when it will not fit, warning within 10%).
+estimate: critical when it will not fit, warning within 10%). The vLLM pre-flight: ``config_vllm_off``
+(warning: no vLLM on a multi-GPU CUDA run), ``config_vllm_is_correction`` (warning: the
+importance-sampling correction turned off), ``config_vllm_server_host`` (warning: server mode with
+no address to connect to), ``config_vllm_memory`` (critical: vLLM's colocated share cannot hold the
+model; warning: it leaves training too little). ``config_moe_gspo`` also knows well-known MoE
+hub ids when no local model config is at hand.
 
 >>> ids = [f.detector for f in lint({"num_generations": 4, "learning_rate": 5e-7, "beta": 0.01,
 ...     "logging_steps": 1}, reward_names=["format_reward", "correctness_reward"], device_kind="cuda")]
@@ -64,7 +69,51 @@ DEFAULTS: dict[str, Any] = {
     "max_completion_length": 512,
     "bf16": True,
     "use_cpu": False,
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_gpu_memory_utilization": 0.3,
+    "vllm_tensor_parallel_size": 1,
+    "vllm_server_host": "0.0.0.0",
+    "vllm_server_base_url": None,
 }
+
+# Mixture-of-experts families known by their hub ids, for configs whose model has no local config:
+# (pattern, experts, top-k). Qwen's "-A<n>B" names give the active size of an MoE.
+MOE_MODEL_IDS: tuple[tuple[str, int | None, int | None], ...] = (
+    (r"qwen3-30b-a3b", 128, 8),
+    (r"qwen3-235b-a22b", 128, 8),
+    (r"qwen3-next-80b-a3b", 512, 10),
+    (r"qwen1\.5-moe-a2\.7b", 60, 4),
+    (r"qwen2-57b-a14b", 64, 8),
+    (r"mixtral-8x7b", 8, 2),
+    (r"mixtral-8x22b", 8, 2),
+    (r"deepseek-v3", 256, 8),
+    (r"deepseek-r1(?!-distill)", 256, 8),
+    (r"deepseek-v2", 160, 6),
+    (r"olmoe-", 64, 8),
+    (r"gpt-oss-20b", 32, 4),
+    (r"gpt-oss-120b", 128, 4),
+    (r"-a\d+(?:\.\d+)?b(?:$|[-_])", None, None),
+)
+# vLLM needs room for a CUDA graph / activation workspace beside weights and KV cache.
+VLLM_WORKSPACE_GIB = 1.0
+
+
+def moe_from_model_id(model_id: Any) -> dict[str, Any]:
+    """Model facts for a well-known MoE hub id (``{}`` when the id says nothing).
+
+    >>> moe_from_model_id("Qwen/Qwen3-30B-A3B")["num_experts"], moe_from_model_id("Qwen/Qwen3-4B")
+    (128, {})
+    """
+    import re
+
+    if not isinstance(model_id, str) or not model_id:
+        return {}
+    name = model_id.lower().rstrip("/")
+    for pattern, experts, top_k in MOE_MODEL_IDS:
+        if re.search(pattern, name):
+            return {"is_moe": True, "num_experts": experts, "top_k": top_k, "source": f"model id {model_id}"}
+    return {}
 
 
 def _finding(rule: str, severity: str, message: str, evidence: dict[str, Any],
@@ -249,6 +298,8 @@ def lint(
                     "vllm_mode='server' on several GPUs (`trl vllm-serve` on its own GPU(s), training on the rest).",
                     {"vllm_mode": mode, "num_devices": n}, {"vllm_mode": "server"}))
 
+    out.extend(_vllm_checks(cfg, raw, shape, kind, num_devices, device_memory_gib, prompt_length))
+
     # on-policy trap: clip-higher and GSPO's sequence ratio do nothing when the ratio is identically 1
     from monitor.recommend import is_on_policy
 
@@ -271,18 +322,29 @@ def lint(
             {"steps_per_generation": 4 * ga}, variant="gspo" if sequence else "dapo"))
 
     # model family
-    if shape.get("is_moe") and str(cfg.get("importance_sampling_level")) != "sequence":
+    moe = shape if shape.get("is_moe") else ({} if shape else moe_from_model_id(raw.get("model_name_or_path")))
+    vllm_token_is = bool(cfg.get("use_vllm")) and str(cfg.get("vllm_importance_sampling_mode")).startswith("token")
+    if moe.get("is_moe") and (str(cfg.get("importance_sampling_level")) != "sequence" or vllm_token_is):
         from detectors.variants import preset
         from monitor.recommend import config_diff
 
         overrides = config_diff(preset("gspo", cfg), cfg)
+        if vllm_token_is:
+            overrides["vllm_importance_sampling_mode"] = "sequence_mask"
+        layout = (f"{moe.get('num_experts')} experts, top-{moe.get('top_k')}" if moe.get("num_experts")
+                  else "by its model id")
+        seen = f" ({moe['source']}: no local config)" if moe.get("source") else ""
         out.append(_finding(
             "moe_gspo", "warning",
-            f"Mixture-of-experts model ({shape.get('num_experts')} experts, top-{shape.get('top_k')}) trained with "
-            "token-level importance ratios: under MoE routing they are high-variance noise. For MoE, GSPO "
-            "(importance_sampling_level='sequence', off-policy steps) is required, not optional.",
-            {"num_experts": shape.get("num_experts"), "top_k": shape.get("top_k"),
-             "importance_sampling_level": cfg.get("importance_sampling_level")}, overrides, variant="gspo"))
+            f"Mixture-of-experts model ({layout}){seen} trained with token-level importance ratios: under MoE "
+            "routing they are high-variance noise, and the rollout engine routes differently from the trainer. "
+            "For MoE, GSPO (importance_sampling_level='sequence', off-policy steps) is required, not optional"
+            + ("; with vLLM, correct at sequence level too (vllm_importance_sampling_mode='sequence_mask')."
+               if vllm_token_is else "."),
+            {"num_experts": moe.get("num_experts"), "top_k": moe.get("top_k"), "source": moe.get("source", "model config"),
+             "importance_sampling_level": cfg.get("importance_sampling_level"),
+             "vllm_importance_sampling_mode": cfg.get("vllm_importance_sampling_mode") if cfg.get("use_vllm") else None},
+            overrides, variant="gspo"))
     if shape.get("is_vlm"):
         out.append(_finding(
             "vlm", "warning",
@@ -336,6 +398,97 @@ def lint(
         except Exception:  # sizing is advice; a shape it cannot read must not hide the other findings
             pass
     return out
+
+
+def _vllm_checks(cfg: Mapping[str, Any], raw: Mapping[str, Any], shape: Mapping[str, Any], kind: str | None,
+                 num_devices: int | None, device_memory_gib: float | None, prompt_length: int | None) -> list[Finding]:
+    """The vLLM pre-flight: generation engine, importance-sampling correction, server address, memory share."""
+    out: list[Finding] = []
+    n = int(num_devices) if num_devices is not None else None
+    if not cfg.get("use_vllm"):
+        if kind == "cuda" and n is not None and n > 1:
+            out.append(_finding(
+                "vllm_off", "warning",
+                f"use_vllm=False on {n} GPUs: generation runs through transformers' generate, which dominates a GRPO "
+                "step. The recipe generates with vLLM: vllm_mode='server' (`trl vllm-serve` on its own GPU(s)).",
+                {"use_vllm": False, "num_devices": n, "device": kind}, {"use_vllm": True, "vllm_mode": "server"}))
+        return out
+    if cfg.get("vllm_importance_sampling_correction") is False:
+        out.append(_finding(
+            "vllm_is_correction", "warning",
+            "vllm_importance_sampling_correction=False: vLLM's log-probs differ from the trainer's (kernels, "
+            "precision, MoE routing), so every step trains on off-policy samples as if they were on-policy, and the "
+            "mismatch metrics (sampling/*) are not logged. Turn the correction back on.",
+            {"vllm_importance_sampling_correction": False},
+            {"vllm_importance_sampling_correction": True}))
+    mode = str(cfg.get("vllm_mode") or "colocate")
+    if mode == "server" and not raw.get("vllm_server_base_url"):
+        host = str(cfg.get("vllm_server_host") or "")
+        if host in ("", "0.0.0.0", "::"):
+            out.append(_finding(
+                "vllm_server_host", "warning",
+                f"vllm_mode='server' with vllm_server_host='{host}' and no vllm_server_base_url: {host or 'an empty host'}"
+                " is a listen address, not one to connect to, and reaches a server only on this machine. Set "
+                "--vllm_server_host <the server's address> (or --vllm_server_base_url http://HOST:PORT), and start "
+                "`trl vllm-serve` there first.",
+                {"vllm_mode": mode, "vllm_server_host": host, "vllm_server_base_url": None,
+                 "vllm_server_port": raw.get("vllm_server_port", 8000)}))
+    if mode == "colocate" and kind == "cuda" and device_memory_gib and shape.get("num_parameters"):
+        f = _vllm_memory(cfg, shape, n or 1, float(device_memory_gib), prompt_length)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _vllm_memory(cfg: Mapping[str, Any], shape: Mapping[str, Any], n_dev: int, mem_gib: float,
+                 prompt_length: int | None) -> Finding | None:
+    """vLLM's colocated share against what it must hold, and against what training leaves it."""
+    gib = 1024**3
+    util = _num(cfg.get("vllm_gpu_memory_utilization")) or 0.3
+    tp = max(1, int(_num(cfg.get("vllm_tensor_parallel_size")) or 1))
+    weights = 2.0 * float(shape["num_parameters"]) / tp  # the engine serves bf16/fp16 weights
+    layers, kv_heads, head_dim = (int(_num(shape.get(k)) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
+    seq = int(prompt_length or _num(cfg.get("max_prompt_length")) or 512) + int(_num(cfg.get("max_completion_length")) or 512)
+    kv_token = 2 * layers * kv_heads * head_dim * 2 / tp
+    batch = int(_num(cfg.get("per_device_train_batch_size")) or 8) * int(
+        _num(cfg.get("steps_per_generation")) or _num(cfg.get("gradient_accumulation_steps")) or 1)
+    need_min = weights + kv_token * seq + VLLM_WORKSPACE_GIB * gib
+    need_batch = weights + kv_token * seq * batch + VLLM_WORKSPACE_GIB * gib
+    share = util * mem_gib * gib
+    ev: dict[str, Any] = {"vllm_gpu_memory_utilization": util, "vllm_share_gib": round(share / gib, 2),
+                          "engine_weights_gib": round(weights / gib, 2), "kv_cache_per_sequence_gib": round(kv_token * seq / gib, 3),
+                          "generation_batch": batch, "device_memory_gib": mem_gib}
+    try:
+        est = estimate(cfg, shape, num_devices=n_dev, device_memory_gib=mem_gib, prompt_length=prompt_length, device_kind="cuda")
+        sleep = bool(cfg.get("vllm_enable_sleep_mode"))
+        trainer_needs = est.train_phase - (0 if sleep else int(share))
+        ev["training_needs_gib"] = round(trainer_needs / gib, 2)
+    except Exception:  # sizing is advice; an unreadable shape leaves the vLLM check alone
+        trainer_needs, sleep = None, False
+    room = None if trainer_needs is None else (1.0 - trainer_needs / (mem_gib * gib)) if not sleep else 0.95
+    want = min(0.95, math.ceil(100 * need_batch / (mem_gib * gib)) / 100)
+    if share < need_min:
+        fix = min(0.95, math.ceil(100 * need_min / (mem_gib * gib)) / 100)
+        fix = max(fix, min(want, room if room is not None else want))
+        ev["needed_gib"] = round(need_min / gib, 2)
+        return _finding(
+            "vllm_memory", "critical",
+            f"vllm_gpu_memory_utilization={util:g} gives vLLM {share / gib:.1f} GiB of the {mem_gib:g} GiB device, "
+            f"less than the model's weights ({weights / gib:.1f} GiB) plus one sequence's KV cache and its workspace "
+            f"({need_min / gib:.1f} GiB): vLLM will not start. Raise it to {fix:g}"
+            + ("" if room is None or fix <= room else " and free the training side (vllm_enable_sleep_mode=True)") + ".",
+            ev, {"vllm_gpu_memory_utilization": fix} if room is None or fix <= room or sleep else
+            {"vllm_gpu_memory_utilization": fix, "vllm_enable_sleep_mode": True})
+    if room is not None and room < util and not sleep and room >= need_min / (mem_gib * gib):
+        fix = math.floor(100 * room) / 100
+        ev["largest_share_training_leaves"] = round(room, 3)
+        return _finding(
+            "vllm_memory", "warning",
+            f"vllm_gpu_memory_utilization={util:g} reserves {share / gib:.1f} GiB for vLLM, but training needs "
+            f"{trainer_needs / gib:.1f} GiB of the {mem_gib:g} GiB beside it: lower it to {fix:g} (vLLM still holds its "
+            "weights and KV cache), or free it during training with vllm_enable_sleep_mode=True.",
+            ev, {"vllm_gpu_memory_utilization": fix})
+    return None
 
 
 def _safe_shape(model: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ does not know is carried along unchanged.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -49,6 +50,125 @@ ALIASES: dict[str, str] = {
     "_step": "step",
 }
 
+# Train-inference mismatch (rollouts from an inference engine scored again by the trainer). TRL's
+# ``sampling/*`` names are canonical; the quantities TRL does not log get ``mismatch/*`` names.
+MISMATCH_ALIASES: dict[str, str] = {
+    # prime-rl
+    "mismatch_kl/mean": "mismatch/kl",
+    "mismatch_kl/max": "mismatch/kl_max",
+    "masked_mismatch_kl/mean": "mismatch/masked_kl",
+    "is_masked/mean": "mismatch/masked_fraction",
+    "is_masked": "mismatch/masked_fraction",
+    # verl
+    "rollout_corr/kl": "mismatch/kl",
+    "rollout_corr/k3_kl": "mismatch/k3_kl",
+    "rollout_corr/log_ppl_diff": "mismatch/log_ppl_diff",
+    "rollout_corr/ppl_ratio": "mismatch/ppl_ratio",
+    "rollout_corr/rollout_is_mean": "sampling/importance_sampling_ratio/mean",
+    "rollout_corr/rollout_is_min": "sampling/importance_sampling_ratio/min",
+    "rollout_corr/rollout_is_max": "sampling/importance_sampling_ratio/max",
+    "rollout_corr/rollout_is_eff_sample_size": "mismatch/ess",
+    "training/rollout_probs_diff_mean": "mismatch/probs_diff/mean",
+    "training/rollout_probs_diff_max": "mismatch/probs_diff/max",
+    "training/rollout_probs_diff_std": "mismatch/probs_diff/std",
+    "training/rollout_actor_probs_pearson_corr": "mismatch/probs_corr",
+    # Tinker
+    "optim/kl_sample_train_v1": "mismatch/kl",
+    "optim/kl_sample_train_v2": "mismatch/k2_kl",
+    # hand-written loops
+    "kl_k3": "mismatch/k3_kl",
+    "ess": "mismatch/ess",
+}
+for _k, _v in MISMATCH_ALIASES.items():
+    ALIASES.setdefault(_k, _v)
+# verl's rejection-sampling masks: ``rollout_corr/rollout_rs_<mode>_masked_fraction``.
+_MISMATCH_MASKED = re.compile(r"^rollout_corr/rollout_rs_(?:\w+_)?masked_fraction$")
+
+# -- Export spellings -------------------------------------------------------------------------
+# W&B/Trinity-RFT/verl CSV exports, prime-rl, Tinker and hand-written trainers spell the same few
+# quantities in families of names. Each family maps onto one TRL name. The patterns are anchored
+# and never match a name TRL itself logs, so a canonical name is never rewritten; evaluation
+# columns (``val_*``, ``test/*``, ``eval_*``) stay as they are.
+EXPORT_ALIASES: dict[str, str] = {
+    "rewards/mean": "reward",
+    "rewards/total": "reward",
+    "env/all/reward/total": "reward",
+    "env/all/ac_tokens_per_turn": "completions/mean_length",
+    "is_truncated/mean": "completions/clipped_ratio",
+    "response_clip_ratio": "completions/clipped_ratio",
+}
+for _k, _v in EXPORT_ALIASES.items():
+    ALIASES.setdefault(_k, _v)
+_STAT_SUFFIX = {"mean": "mean_length", "avg": "mean_length", "max": "max_length", "min": "min_length"}
+_EXPORT_FAMILIES: tuple[tuple[re.Pattern[str], Any], ...] = (
+    # total reward: score, score_mean, critic/score/mean, reward/mean, rewards_mean, mean_reward, Reward
+    (re.compile(r"^(?:critic/|env/all/)?(?:score|scores|reward|rewards)(?:[/_](?:mean|avg|total))?$"), "reward"),
+    (re.compile(r"^(?:mean|avg|average|total)_(?:reward|score)s?$"), "reward"),
+    (re.compile(r"^(?:critic/)?(?:score|scores|reward|rewards)[/_]std$"), "reward_std"),
+    # completion length: len_mean, completion_len/mean, response_length_mean, Avg Len
+    (re.compile(r"^(?:actor/|rollout/)?(?:len|length|completion_len|completion_length|completions_length|response_len|"
+                r"response_length|resp_len|gen_len|generation_length|output_len|output_length)[/_](mean|avg|max|min)$"),
+     lambda m: "completions/" + _STAT_SUFFIX[m.group(1)]),
+    (re.compile(r"^(?:mean|avg|average)_(?:len|length|completion_len|completion_length|response_length)$"),
+     "completions/mean_length"),
+    # share of completions cut at the cap: len_clip_ratio, response_length_clip_ratio, truncated_ratio
+    (re.compile(r"^(?:len|length|completion_len|completion_length|response_len|response_length|response|completion)"
+                r"[/_](?:clip_ratio|clipped_ratio|clip_frac|truncated|truncated_ratio|truncation_rate)$"),
+     "completions/clipped_ratio"),
+    (re.compile(r"^(?:frac|fraction|share)_truncated$|^truncat(?:ed|ion)_(?:ratio|rate|frac)$"), "completions/clipped_ratio"),
+    # entropy: entropy/mean (prime-rl), optim/entropy (Tinker), policy_entropy
+    (re.compile(r"^(?:actor/|optim/|policy/)?entropy(?:[/_](?:mean|avg))?$|^(?:mean|avg|policy)_entropy$"), "entropy"),
+    (re.compile(r"^(?:actor/|optim/|policy/)?(?:grad_norm|gradient_norm|grad_norm_mean)$"), "grad_norm"),
+    (re.compile(r"^(?:actor/|optim/)?(?:lr|learning_rate)$"), "learning_rate"),
+    (re.compile(r"^(?:actor/)?(?:kl|kl_ref|ref_kl|kl_div|kl_divergence|kl_mean)(?:/mean)?$"), "kl"),
+    (re.compile(r"^(?:loss/mean|actor_loss|policy_loss|pg_loss)$"), "loss"),
+    # reward components: metrics/<x>_reward (prime-rl), env/all/correct (Tinker), Correct/Fmt columns
+    (re.compile(r"^metrics/([^/]+_reward)$"), lambda m: f"rewards/{m.group(1)}/mean"),
+    (re.compile(r"^env/all/(correct|correctness|accuracy|format|format_\w+)$"), lambda m: f"rewards/{m.group(1)}/mean"),
+    (re.compile(r"^(correct|correctness|accuracy|acc|fmt|format)$"), lambda m: f"rewards/{m.group(1)}/mean"),
+    (re.compile(r"^(?!(?:mean|avg|average|total|train|eval|val|valid|validation|test)_)(\w+_reward)$"),
+     lambda m: f"rewards/{m.group(1)}/mean"),
+)
+_CANONICAL_FOLDED = frozenset({"reward", "reward_std", "entropy", "grad_norm", "loss", "learning_rate", "kl",
+                               "frac_reward_zero_std", "epoch"})
+
+
+@functools.lru_cache(maxsize=8192)
+def export_name(name: str) -> str | None:
+    """The TRL name of an export spelling (case, spaces and hyphens aside), or None.
+
+    >>> export_name("score_mean"), export_name("Avg Len"), export_name("metrics/exact_match_reward")
+    ('reward', 'completions/mean_length', 'rewards/exact_match_reward/mean')
+    >>> export_name("val_acc_mean1") is None, export_name("test/env/all/reward/total") is None
+    (True, True)
+    """
+    folded = name.strip().lower().replace(" ", "_").replace("-", "_")
+    if folded in _CANONICAL_FOLDED:
+        return folded
+    if folded != name and folded in ALIASES:
+        return ALIASES[folded]
+    for pattern, target in _EXPORT_FAMILIES:
+        m = pattern.match(folded)
+        if m:
+            return target if isinstance(target, str) else target(m)
+    return None
+
+
+# Derived where a logger reports the parts: Tinker counts groups whose completions all passed or
+# all failed; together they are the groups without reward spread.
+_ZERO_STD_PARTS = ("env/all/by_group/frac_all_good", "env/all/by_group/frac_all_bad")
+
+
+def derive_metrics(metrics: Mapping[str, float | None]) -> dict[str, float | None] | None:
+    """The canonical metrics a step's logged parts imply, or None when there are none to add."""
+    if "frac_reward_zero_std" in metrics:
+        return None
+    good, bad = metrics.get(_ZERO_STD_PARTS[0]), metrics.get(_ZERO_STD_PARTS[1])
+    if good is None or bad is None:
+        return None
+    return {"frac_reward_zero_std": float(good) + float(bad)}
+
+
 # Prefixes stripped before lookup: TensorBoard's (TRL writes ``train/<key>``) and verl's.
 _PREFIXES = ("train/",)
 _REWARD_COMPONENT = re.compile(r"^rewards/([^/]+)$")
@@ -70,10 +190,12 @@ def normalize(name: str) -> str:
             break
     if name in ALIASES:
         return ALIASES[name]
+    if _MISMATCH_MASKED.match(name):
+        return "mismatch/masked_fraction"
     m = _REWARD_COMPONENT.match(name)
     if m:
         return f"rewards/{m.group(1)}/mean"
-    return name
+    return export_name(name) or name
 
 
 def to_value(value: Any) -> float | None:

@@ -59,6 +59,10 @@ def recommend(
 ) -> dict[str, Any] | None:
     """The recommendation record for ``finding`` (a finding dict), or None when there is nothing to change."""
     config = dict(config or {})
+    if finding.get("detector") == MISMATCH_DETECTOR:
+        return _mismatch_recommendation(finding, config, is_moe=is_moe, tried=tried, require_critical=require_critical)
+    if finding.get("variant") is None and (finding.get("evidence") or {}).get("remedy") == LOWER_LR:
+        return _lower_lr_recommendation(finding, config, is_moe=is_moe, tried=tried, require_critical=require_critical)
     variant = finding.get("variant")
     if variant is None or (require_critical and finding.get("severity") != "critical"):
         return None
@@ -97,6 +101,112 @@ def recommend(
     }
 
 
+# --- train-inference mismatch ---------------------------------------------------------------------
+
+MISMATCH_DETECTOR = "rollout_mismatch"
+# What the lineage records for the mismatch fix on a dense model (the variants are GRPO's own).
+IS_CORRECTION = "is_correction"
+# TRL's vLLM importance-sampling correction set to sequence-level masked IS in the band practitioners
+# alarm outside (0.5-2): sequences the engine sampled off the trainer's policy drop out of the loss.
+IS_CORRECTION_OVERRIDES: dict[str, Any] = {
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_min": 0.5,
+    "vllm_importance_sampling_clip_max": 2.0,
+}
+MISMATCH_ADVICE: dict[str, str] = {
+    "precision": "run the inference engine in the trainer's precision: vLLM's dtype equal to the trainer's "
+    "(bf16=True with a bfloat16 engine, or fp16 on both sides); fp32 logits (lm_head) on both sides where the "
+    "engine allows it",
+    "weights": "check that the engine receives every weight update (sleep mode, LoRA and resumed runs have "
+    "lost syncs); a mismatch that grows while the learning rate is 0 is an engine-side drift",
+}
+MISMATCH_MOE_ADVICE = ("mixture-of-experts routing differs between the engine and the trainer: replay the "
+                       "rollout's routing in training where the framework supports it (routing replay)")
+
+
+def _mismatch_recommendation(
+    finding: Mapping[str, Any], config: dict[str, Any], *, is_moe: bool, tried: Iterable[str], require_critical: bool
+) -> dict[str, Any] | None:
+    """Importance-sampling correction for a drifting rollout engine; on MoE, with GSPO's sequence-level ratio."""
+    if require_critical and finding.get("severity") != "critical":
+        return None
+    tried = set(tried)
+    reasons = [f"{finding.get('detector')} ({finding.get('severity')}) at step {finding.get('step')}: rollouts are "
+               "off the trainer's policy; sequence-level masked importance sampling drops the sequences the engine "
+               "sampled off-policy"]
+    overrides = dict(IS_CORRECTION_OVERRIDES)
+    variant = IS_CORRECTION
+    if is_moe and config.get("importance_sampling_level") != "sequence" and "gspo" not in tried:
+        variant = "gspo"
+        overrides = {**preset("gspo", config), **overrides}
+        reasons.append("mixture-of-experts model: the recipe requires GSPO's sequence-level importance ratio, "
+                       "with the vLLM correction at sequence level too")
+    if variant in tried:
+        return None
+    if config.get("vllm_importance_sampling_correction") is False:
+        reasons.append("the run has vLLM's importance-sampling correction turned off")
+    diff = config_diff(overrides, config)
+    if not diff:
+        return None
+    extra = dict(MISMATCH_ADVICE)
+    if is_moe:
+        extra["routing"] = MISMATCH_MOE_ADVICE
+    return {
+        "type": "recommendation",
+        "step": finding.get("step"),
+        "variant": variant,
+        "detector": finding.get("detector"),
+        "config_overrides": diff,
+        "cli_flags": cli_flags(diff),
+        "python": python_kwargs(diff),
+        "extra": extra,
+        "reasons": reasons,
+    }
+
+
+# --- a collapse: the run's own settings, resumed before the onset with a lower learning rate ----------
+
+# What the lineage records for this change (a name beside the variants, as a restart tries each once).
+LOWER_LR = "lower_learning_rate"
+
+
+def _lower_lr_recommendation(
+    finding: Mapping[str, Any], config: dict[str, Any], *, is_moe: bool, tried: Iterable[str], require_critical: bool
+) -> dict[str, Any] | None:
+    """A policy that collapsed under its learning rate: the same recipe at a lower one, from a checkpoint
+    before the onset (the restart's checkpoint choice reads the finding's onset). On MoE, with GSPO."""
+    if require_critical and finding.get("severity") != "critical":
+        return None
+    tried = set(tried)
+    overrides = dict(finding.get("config_overrides") or {})
+    if not overrides:
+        return None
+    variant = LOWER_LR
+    reasons = [f"{finding.get('detector')} ({finding.get('severity')}) at step {finding.get('step')}: the policy "
+               f"collapsed; resume before step {finding.get('onset_step')} with a lower learning rate"]
+    if is_moe and config.get("importance_sampling_level") != "sequence" and "gspo" not in tried:
+        variant = "gspo"
+        overrides = {**preset("gspo", config), **overrides}
+        reasons.append("mixture-of-experts model: the recipe requires GSPO's sequence-level importance ratio")
+    if variant in tried:
+        return None
+    diff = config_diff(overrides, config)
+    if not diff:
+        return None
+    return {
+        "type": "recommendation",
+        "step": finding.get("step"),
+        "variant": variant,
+        "detector": finding.get("detector"),
+        "config_overrides": diff,
+        "cli_flags": cli_flags(diff),
+        "python": python_kwargs(diff),
+        "extra": {"resume": f"from the newest checkpoint saved before step {finding.get('onset_step')}"},
+        "reasons": reasons,
+    }
+
+
 class Recommender:
     """The recommendations of one run's findings, in the order they are raised: each variant once,
     and never one already tried in the lineage. Used alike by the live callback, ``analyze`` and
@@ -108,6 +218,9 @@ class Recommender:
         self.tried = set(tried)
 
     def __call__(self, finding: Mapping[str, Any]) -> dict[str, Any] | None:
+        if finding.get("detector") == "moe_model_detected":
+            # Foreign logs have no model facts: the run's own routing metrics say it is MoE.
+            self.is_moe = True
         rec = recommend(finding, self.config, is_moe=self.is_moe, tried=self.tried)
         if rec is not None:
             self.tried.add(rec["variant"])

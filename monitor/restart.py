@@ -163,6 +163,29 @@ def patched_args(args: Any) -> Any:
     return apply_overrides(args, overrides)
 
 
+def reapply_learning_rate(optimizer: Any, lr_scheduler: Any, learning_rate: float) -> bool:
+    """Make a resumed run train at ``learning_rate``: the Trainer restores the optimizer's and the
+    scheduler's saved rates from the checkpoint, which would silently undo a restart's lower
+    ``learning_rate``. The schedule keeps its shape, scaled to the new rate. True when it changed."""
+    base = list(getattr(lr_scheduler, "base_lrs", None) or [])
+    groups = getattr(optimizer, "param_groups", None)
+    if not groups:
+        return False
+    ref = base[0] if base else groups[0].get("initial_lr", groups[0].get("lr"))
+    if not ref or ref <= 0 or abs(ref - learning_rate) <= 1e-12 * max(ref, learning_rate):
+        return False
+    ratio = float(learning_rate) / float(ref)
+    if base:
+        lr_scheduler.base_lrs = [b * ratio for b in base]
+        if hasattr(lr_scheduler, "_last_lr"):
+            lr_scheduler._last_lr = [v * ratio for v in lr_scheduler._last_lr]
+    for group in groups:
+        group["lr"] = group["lr"] * ratio
+        if "initial_lr" in group:
+            group["initial_lr"] = group["initial_lr"] * ratio
+    return True
+
+
 def child_env(plan: RestartPlan | None, segment: int, root: Path, max_restarts: int, base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
     env[ENV_RUN_DIR] = str(segment_dir(root, segment))

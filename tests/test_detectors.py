@@ -34,6 +34,8 @@ EXPECTED_VARIANT = {
     "reward_component_divergence": None,
     "non_finite": None,
     "moe_model_detected": None,
+    "rollout_mismatch": None,
+    "sudden_collapse": None,
 }
 # Runs that make each detector raise something, so the contract checks see real findings.
 TRIGGER = {
@@ -45,6 +47,8 @@ TRIGGER = {
     "reward_component_divergence": "reward_divergence",
     "non_finite": "non_finite",
     "moe_model_detected": "healthy_moe",
+    "rollout_mismatch": "rollout_mismatch",
+    "sudden_collapse": "sudden_collapse",
 }
 METRIC_KEYS = [
     "loss", "grad_norm", "learning_rate", "entropy", "reward", "reward_std", "frac_reward_zero_std",
@@ -52,6 +56,8 @@ METRIC_KEYS = [
     "rewards/correctness_reward/mean", "rewards/format_reward/mean", "rewards/length_bonus/mean",
     "clip_ratio/region_mean", "clip_ratio/high_mean", "clip_ratio/low_mean", "aux_loss", "moe/flip_rate",
     "sampling/importance_sampling_ratio/max", "kl", "num_tokens",
+    "sampling/sampling_logp_difference/mean", "sampling/importance_sampling_ratio/mean", "mismatch/kl", "mismatch/ess",
+    "mismatch/masked_fraction", "mismatch/probs_corr",
 ]
 
 
@@ -142,8 +148,13 @@ def test_findings_have_every_fixed_field_and_serialise(cls, trigger_runs):
         if cls.id != "moe_model_detected":
             assert d["variant"] == EXPECTED_VARIANT[cls.id]
             assert d["severity"] in ("warning", "critical")
-            assert d["config_overrides"] == (VARIANT_PRESETS[d["variant"]] | ({"steps_per_generation": 4} if d["variant"] == "gspo" else {})
-                                             if d["variant"] else {})
+            if d["evidence"].get("remedy") == "lower_learning_rate":
+                # A collapse: the run's own recipe again, at a lower learning rate (no variant).
+                assert set(d["config_overrides"]) == {"learning_rate"}
+                assert d["config_overrides"]["learning_rate"] < run.context.config["learning_rate"]
+            else:
+                assert d["config_overrides"] == (VARIANT_PRESETS[d["variant"]] | ({"steps_per_generation": 4} if d["variant"] == "gspo" else {})
+                                                 if d["variant"] else {})
 
 
 @pytest.mark.parametrize("cls", ALL_DETECTORS, ids=IDS)

@@ -82,6 +82,8 @@ BREAKS = [
     ("config_bf16", "critical", {"use_cpu": True}, {"bf16_supported": None}, None),
     ("config_vllm_cpu", "critical", {"use_cpu": True, "bf16": False}, {}, None),
     ("config_memory", "critical", {"per_device_train_batch_size": 8}, {"device_memory_gib": 0.5}, None),
+    ("config_vllm_is_correction", "warning", {"vllm_importance_sampling_correction": False}, {}, None),
+    ("config_vllm_off", "warning", {"use_vllm": False}, {"num_devices": 4}, None),
 ]
 
 
@@ -254,3 +256,69 @@ def test_cli_on_a_run_directory_sees_truncation_in_the_first_steps(tmp_path, cap
     assert ctx["model"]["num_parameters"] > 0
     code, out, _ = _cli([str(run_dir), "--device", "cpu"], capsys)
     assert code == 1 and "config_max_completion_length" in out and "weights" in out
+
+
+# --- the vLLM pre-flight ------------------------------------------------------------------------------
+
+def _plain_yaml(path, **cfg):
+    path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in cfg.items()) + "\n")
+    return path
+
+
+def test_cli_says_gspo_is_required_for_a_well_known_moe_id_without_local_config(tmp_path, capsys):
+    path = _plain_yaml(tmp_path / "moe.yaml", model_name_or_path="Qwen/Qwen3-30B-A3B", use_vllm=True, num_generations=8,
+                       logging_steps=1)
+    code, out, err = _cli([str(path), "--device", "cuda", "--num-devices", "1", "--device-memory-gib", "80"], capsys)
+    assert code == 1, out + err
+    line = next(x for x in out.splitlines() if "config_moe_gspo" in x)
+    assert "GSPO" in line and "required" in line and "Qwen/Qwen3-30B-A3B" in line
+    assert "--importance_sampling_level sequence" in out
+    for model_id in ("mistralai/Mixtral-8x7B-Instruct-v0.1", "deepseek-ai/DeepSeek-V3-0324", "allenai/OLMoE-1B-7B-0924",
+                     "openai/gpt-oss-20b"):
+        assert "config_moe_gspo" in _ids(lint({"model_name_or_path": model_id}, device_kind="cuda", num_devices=1))
+    assert "config_moe_gspo" not in _ids(lint({"model_name_or_path": "Qwen/Qwen3-4B"}, device_kind="cuda", num_devices=1))
+
+
+def test_cli_says_the_correction_is_off_with_the_fix_as_a_flag(tmp_path, capsys):
+    path = _plain_yaml(tmp_path / "off.yaml", model_name_or_path="Qwen/Qwen3-4B", use_vllm=True, num_generations=8,
+                       vllm_importance_sampling_correction=False, logging_steps=1)
+    code, out, _ = _cli([str(path), "--device", "cuda", "--num-devices", "1", "--device-memory-gib", "80"], capsys)
+    assert code == 1 and "config_vllm_is_correction" in out
+    assert "fix: --vllm_importance_sampling_correction True" in out
+
+
+def test_moe_with_token_level_vllm_correction_is_told_to_correct_per_sequence(tiny):
+    cfg = dict(REFERENCE, importance_sampling_level="sequence", steps_per_generation=16,
+               vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_min=0.5)
+    [f] = [f for f in _lint(cfg, tiny, model=tiny["moe"]) if f.detector == "config_moe_gspo"]
+    assert f.config_overrides == {"vllm_importance_sampling_mode": "sequence_mask", "epsilon": 3e-4, "epsilon_high": 4e-4,
+                                  "loss_type": "grpo", "beta": 0.0}
+    assert "config_moe_gspo" not in _ids(_lint(dict(cfg, **f.config_overrides), tiny, model=tiny["moe"]))
+
+
+def test_server_mode_without_an_address_to_connect_to(tiny):
+    cfg = dict(REFERENCE, vllm_mode="server")
+    [f] = [f for f in _lint(cfg, tiny, num_devices=4) if f.detector == "config_vllm_server_host"]
+    assert f.severity == "warning" and "--vllm_server_host" in f.message
+    for fixed in ({"vllm_server_host": "10.0.0.5"}, {"vllm_server_base_url": "http://10.0.0.5:8000"}):
+        assert "config_vllm_server_host" not in _ids(_lint(dict(cfg, **fixed), tiny, num_devices=4))
+
+
+# A 2B dense model (Qwen3-1.7B's layout) as run-header facts: enough for both memory checks.
+SHAPE_2B = {"num_parameters": 2_031_739_904, "num_layers": 28, "num_kv_heads": 8, "head_dim": 128, "hidden_size": 2048,
+            "vocab_size": 151_936, "num_heads": 16, "intermediate_size": 6144, "is_moe": False}
+
+
+def test_vllm_share_against_the_memory_estimate(tiny):
+    small = dict(REFERENCE, vllm_gpu_memory_utilization=0.03, gradient_checkpointing=True)
+    [f] = [f for f in _lint(small, tiny, model=SHAPE_2B) if f.detector == "config_vllm_memory"]
+    assert f.severity == "critical" and f.evidence["vllm_share_gib"] < f.evidence["needed_gib"]
+    fixed = dict(small, **f.config_overrides)
+    assert fixed["vllm_gpu_memory_utilization"] * 80 > f.evidence["needed_gib"]
+    assert "config_vllm_memory" not in _ids(_lint(fixed, tiny, model=SHAPE_2B))
+    greedy = dict(REFERENCE, vllm_gpu_memory_utilization=0.9, gradient_checkpointing=True)
+    [g] = [f for f in _lint(greedy, tiny, model=SHAPE_2B) if f.detector == "config_vllm_memory"]
+    assert g.severity == "warning" and g.config_overrides["vllm_gpu_memory_utilization"] < 0.9
+    assert "config_vllm_memory" not in _ids(_lint(dict(greedy, **g.config_overrides), tiny, model=SHAPE_2B))
+    # the recipe's default share for a small model is quiet
+    assert "config_vllm_memory" not in _ids(_lint(REFERENCE, tiny))

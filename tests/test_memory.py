@@ -189,7 +189,7 @@ def test_model_shape_reads_a_model_directory(tmp_path):
 
 def test_system_metrics_without_torch_and_light_imports():
     code = (
-        "import sys, monitor.memory, monitor.lint, monitor.reward_gate\n"
+        "import sys, monitor.memory, monitor.lint, monitor.preflight.reward_gate\n"
         "m = monitor.memory.system_metrics()\n"
         "heavy = [x for x in ('torch', 'transformers', 'trl', 'textual') if x in sys.modules]\n"
         "print(sorted(m), heavy, m['system/rss_peak_gib'] >= m['system/rss_gib'] > 0)\n"

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from monitor.metrics import decode, encode, normalize, normalize_metrics, reward_components
+from monitor.metrics import decode, derive_metrics, encode, normalize, normalize_metrics, reward_components
 
 
 @pytest.mark.parametrize(
@@ -43,3 +43,61 @@ def test_reward_components_and_non_finite_codec():
     for v in (1.5, None, math.inf, -math.inf):
         assert decode(encode(v)) == v
     assert math.isnan(decode(encode(math.nan)))
+
+
+@pytest.mark.parametrize(
+    "raw, canonical",
+    [
+        # W&B / Trinity-RFT / verl research-fork CSV exports
+        ("score", "reward"),
+        ("score_mean", "reward"),
+        ("rewards_mean", "reward"),
+        ("critic/score/mean", "reward"),
+        ("len_mean", "completions/mean_length"),
+        ("len_max", "completions/max_length"),
+        ("len_clip_ratio", "completions/clipped_ratio"),
+        ("response_clip_ratio", "completions/clipped_ratio"),
+        ("response_length_mean", "completions/mean_length"),
+        ("pg_loss", "loss"),
+        # prime-rl
+        ("reward/mean", "reward"),
+        ("completion_len/mean", "completions/mean_length"),
+        ("is_truncated/mean", "completions/clipped_ratio"),
+        ("entropy/mean", "entropy"),
+        ("optim/grad_norm", "grad_norm"),
+        ("optim/lr", "learning_rate"),
+        ("metrics/exact_match_reward", "rewards/exact_match_reward/mean"),
+        ("metrics/length_penalty_reward", "rewards/length_penalty_reward/mean"),
+        # Tinker
+        ("env/all/reward/total", "reward"),
+        ("env/all/correct", "rewards/correct/mean"),
+        ("env/all/ac_tokens_per_turn", "completions/mean_length"),
+        ("optim/entropy", "entropy"),
+        # hand-written console lines
+        ("Reward", "reward"),
+        ("Avg Len", "completions/mean_length"),
+        ("Correct", "rewards/correct/mean"),
+        ("Fmt", "rewards/fmt/mean"),
+        ("KL_ref", "kl"),
+        ("format_reward", "rewards/format_reward/mean"),
+        # left alone: evaluation columns, prompt lengths, other statistics, TRL's own names
+        ("val_acc_mean1", "val_acc_mean1"),
+        ("test/env/all/reward/total", "test/env/all/reward/total"),
+        ("val_reward", "val_reward"),
+        ("prompt_length/mean", "prompt_length/mean"),
+        ("seq_len/mean", "seq_len/mean"),
+        ("entropy/max", "entropy/max"),
+        ("completions/mean_terminated_length", "completions/mean_terminated_length"),
+        ("frac_reward_zero_std", "frac_reward_zero_std"),
+        ("rewards/format_reward/std", "rewards/format_reward/std"),
+    ],
+)
+def test_export_spellings_map_by_kind(raw, canonical):
+    assert normalize(raw) == canonical
+
+
+def test_tinker_group_outcomes_give_the_share_of_groups_without_spread():
+    parts = {"env/all/by_group/frac_all_good": 0.25, "env/all/by_group/frac_all_bad": 0.5}
+    assert derive_metrics(parts) == {"frac_reward_zero_std": 0.75}
+    assert derive_metrics({**parts, "frac_reward_zero_std": 0.1}) is None
+    assert derive_metrics({"reward": 1.0}) is None

@@ -191,3 +191,16 @@ def test_findings_reach_tensorboard_when_the_run_reports_there(tmp_path, monkeyp
     assert [t.step for t in texts] == [2]
     body = texts[0].tensor_proto.string_val[0].decode()
     assert "entropy_collapse" in body and "Recommended **dapo**" in body
+
+
+def test_vllm_settings_are_validated_against_installed_trl():
+    from monitor.catalogue import installed
+    from monitor.recommend import IS_CORRECTION_OVERRIDES
+
+    _, _, choices = installed()
+    # read from the trainer's own branches, not written down here
+    assert {"sequence_mask", "token_truncate"} <= choices["vllm_importance_sampling_mode"]
+    assert choices["vllm_mode"] >= {"colocate", "server"}
+    assert validate(IS_CORRECTION_OVERRIDES) == IS_CORRECTION_OVERRIDES
+    with pytest.raises(CatalogueError, match="vllm_importance_sampling_mode='sequence'"):
+        validate({"vllm_importance_sampling_mode": "sequence"})

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fixtures.tiny import REWARD_FUNCS, correctness_reward, format_reward
-from monitor.reward_gate import (
+from monitor.preflight.reward_gate import (
     GATE_FILE,
     GateSession,
     RewardGateError,
@@ -58,7 +58,7 @@ def _plain(app, selector):
 
 
 async def test_gate_screen_mark_note_save_and_check(completions, tmp_path):
-    from monitor.gate_app import RewardGateApp
+    from monitor.preflight.gate_app import RewardGateApp
 
     session = _session(completions)
     app = RewardGateApp(session, tmp_path, REWARD_FUNCS, {"model": "tiny"})
@@ -96,7 +96,7 @@ async def test_gate_screen_mark_note_save_and_check(completions, tmp_path):
 
 
 async def test_disagree_without_a_component_counts_every_component_wrong(completions, tmp_path):
-    from monitor.gate_app import RewardGateApp
+    from monitor.preflight.gate_app import RewardGateApp
 
     session = _session(completions)
     app = RewardGateApp(session, tmp_path, REWARD_FUNCS)
@@ -113,7 +113,7 @@ async def test_disagree_without_a_component_counts_every_component_wrong(complet
 
 
 async def test_screen_shows_model_text_literally(tmp_path):
-    from monitor.gate_app import RewardGateApp
+    from monitor.preflight.gate_app import RewardGateApp
 
     evil = "[bold red]x[/] [link=http://e]y[/link] \x1b[31mred\x1b[0m"
     samples = [{"prompt": "[b]p[/b]", "completion": evil, "columns": {"target": "1"}}]
@@ -140,7 +140,7 @@ def _write_rewards(path, name, target_pattern):
 
 
 async def test_check_gate_pass_changed_and_missing(completions, tmp_path):
-    from monitor.gate_app import RewardGateApp
+    from monitor.preflight.gate_app import RewardGateApp
 
     funcs = _write_rewards(tmp_path / "gate_rewards_v1.py", "gate_rewards_v1", r"<answer>\s*(\S+)\s*</answer>")
     run_dir = tmp_path / "run"
@@ -181,7 +181,7 @@ def test_source_hash_follows_what_the_function_reads():
 def test_attach_wrapping_keeps_the_gate_and_the_trainer_check(tmp_path):
     from callbacks import attach
     from monitor.demo import build_trainer, demo_config
-    from monitor.reward_gate import check_trainer_gate, reward_fingerprints
+    from monitor.preflight.reward_gate import check_trainer_gate, reward_fingerprints
 
     trainer = build_trainer(demo_config(tmp_path / "trainer", 1))
     before = reward_fingerprints(trainer.reward_funcs)
@@ -259,10 +259,144 @@ def test_attach_refuses_to_train_without_a_passed_gate(tmp_path):
 
     from callbacks import attach
     from monitor.demo import build_trainer, demo_config
-    from monitor.reward_gate import RewardGateError
+    from monitor.preflight.reward_gate import RewardGateError
 
     transformers.logging.set_verbosity_error()
     trainer = build_trainer(demo_config(tmp_path / "t", 2))
     with pytest.raises(RewardGateError, match="grpo-monitor inspect-rewards"):
         attach(trainer, tmp_path / "run", require_reward_gate=True)
     assert trainer.state.global_step == 0
+
+
+# -- cross-check against a reference ---------------------------------------------------------------
+
+
+def _planted_samples(tmp_path, n=60, planted=(5, 17, 33, 48)):
+    """GSM8K-style samples the user's tag-only correctness gets right, except the planted ones, which
+    answer correctly in forms it misses (4.0, a fraction, a boxed answer, a missing tag)."""
+    rows = []
+    forms = ["<answer> {v}.0 </answer>", "<answer> \\frac{{{w}}}{{2}} </answer>", "So \\boxed{{{v}}}", "the sum is {v}"]
+    for i in range(n):
+        v = i % 9 + 1
+        text = forms[planted.index(i) % len(forms)].format(v=v, w=2 * v) if i in planted else f"<answer> {v} </answer>"
+        rows.append({"prompt": f"What is {v - 1} + 1 ? Answer :", "completion": text, "target": str(v)})
+    path = tmp_path / "planted.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path, list(planted)
+
+
+def test_auto_with_a_reference_lists_exactly_the_planted_disagreements_first(tmp_path, capsys):
+    path, planted = _planted_samples(tmp_path)
+    argv = ["--samples", str(path), "--auto", "--reward-funcs", "fixtures.tiny:format_reward",
+            "fixtures.tiny:correctness_reward", "--reference", "correctness_reward=exact_match"]
+    assert main_inspect(argv) == 1  # disagreements: a CI run fails
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("disagreements between the reward functions and their references: 4 (on 4 of 60")
+    table = [ln for ln in out[3:] if ln[:3].strip().isdigit()]
+    listed = [int(ln.split()[1]) for ln in table[:4]]
+    assert listed == planted
+    assert all("correctness_reward" in ln and "exact_match" in ln for ln in table[:4])
+    main_rows = [ln for ln in out if ln[:3].strip().isdigit() and "What is" in ln]
+    assert len(main_rows) == 60
+    assert "correctness_reward~exact_match" in next(ln for ln in out if ln.lstrip().startswith("#  prompt"))
+    # the JSON document carries the same order and the agreement numbers
+    assert main_inspect([*argv, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["original_index"] for s in doc["samples"][:4]] == planted
+    assert [s["disagrees"] for s in doc["samples"][:5]] == [["correctness_reward"]] * 4 + [[]]
+    ref = doc["references"]["correctness_reward"]
+    assert ref["function_reference"] == pytest.approx(56 / 60) and ref["disagreements"] == [0, 1, 2, 3]
+
+
+def test_reference_input_errors_exit_2(tmp_path, capsys):
+    path, _ = _planted_samples(tmp_path, n=4, planted=())
+    base = ["--samples", str(path), "--auto", "--reward-funcs", "fixtures.tiny:correctness_reward"]
+    for ref, needle in (("nosuch=exact_match", "no reward function named 'nosuch'"),
+                        ("correctness_reward=no_such_reference", "unknown reference"),
+                        ("correctness_reward", "NAME=REFERENCE")):
+        assert main_inspect([*base, "--reference", ref]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err
+
+
+def test_verdict_records_function_reference_and_person_agreement(tmp_path):
+    from monitor.preflight.reward_gate import disagreements_first, read_samples_file, score_references
+
+    path, planted = _planted_samples(tmp_path, n=10, planted=(2, 7))
+    samples = read_samples_file(path)
+    scores, _ = score_samples(samples, [correctness_reward])
+    refs, errs = score_references(samples, [("correctness_reward", "exact_match")])
+    assert errs == {}
+    samples, scores, refs, n = disagreements_first(samples, scores, refs)
+    assert n == 2 and [s["original_index"] for s in samples[:2]] == planted
+    session = GateSession(samples, scores, references=refs, min_judged=10)
+    session.toggle_wrong(0, 0)  # the person sides with the reference on the first disagreement
+    session.agree(1)  # ... and with the function on the second
+    for i in range(2, 10):
+        session.agree(i)
+    verdict = session.verdict([correctness_reward])
+    ref = verdict["references"]["correctness_reward"]
+    assert ref["reference"] == "exact_match"
+    assert ref["function_reference"] == pytest.approx(0.8)
+    assert ref["function_person"] == pytest.approx(0.9)
+    assert ref["reference_person"] == pytest.approx(0.9)  # consistent with the person on 9 of 10
+    assert ref["disagreements"] == [0, 1] and ref["disagreements_judged"] == 2
+    d = verdict["disagreements"][0]
+    assert d["reference_scores"] == {"correctness_reward": 1.0} and d["original_index"] == planted[0]
+    save_verdict(tmp_path / "run", verdict)
+    assert json.loads((tmp_path / "run" / GATE_FILE).read_text())["references"]["correctness_reward"]["reference"] == "exact_match"
+
+
+async def test_gate_screen_shows_the_reference_score(tmp_path):
+    from monitor.preflight.gate_app import RewardGateApp
+
+    samples = [{"prompt": "What is 1 + 1 ?", "completion": "<answer> 2.0 </answer>", "columns": {"target": "2"}}]
+    session = GateSession(samples, {"correctness_reward": [0.0]}, min_judged=1,
+                          references={"correctness_reward": {"reference": "exact_match", "scores": [1.0]}})
+    app = RewardGateApp(session, tmp_path / "run")
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        text = _plain(app, "#scores")
+        assert "reference exact_match: 1" in text and "≠ reference" in text
+        assert "1 sample(s) disagree with a reference" in _plain(app, "#status")
+
+
+def test_interactive_gate_hands_the_screen_the_disagreements_first(tmp_path):
+    path, planted = _planted_samples(tmp_path)
+    seen = {}
+
+    def screen(session, run_dir, funcs, source):  # stands in for the person at the screen
+        seen["first"] = [s["original_index"] for s in session.samples[:4]]
+        seen["marked"] = [session.disagrees("correctness_reward", i) for i in range(6)]
+        for i in range(len(session.samples)):
+            session.toggle_wrong(i, 1) if i < 4 else session.agree(i)
+        verdict = session.verdict(funcs, source)
+        save_verdict(run_dir, verdict)
+        return verdict
+
+    argv = ["--samples", str(path), "--run-dir", str(tmp_path / "run"), "--reward-funcs", "fixtures.tiny:format_reward",
+            "fixtures.tiny:correctness_reward", "--reference", "correctness_reward=exact_match", "--threshold", "0.5"]
+    assert main_inspect(argv, open_screen=screen) == 0
+    assert seen["first"] == planted and seen["marked"] == [True] * 4 + [False] * 2
+    saved = json.loads((tmp_path / "run" / GATE_FILE).read_text())
+    ref = saved["references"]["correctness_reward"]
+    assert ref["reference_person"] == 1.0 and ref["function_person"] == pytest.approx(56 / 60)
+    assert saved["source"]["references"] == {"correctness_reward": "exact_match"}
+    assert main_inspect(argv[:-2]) == 2  # interactive without a screen: says so, no traceback
+
+
+def test_the_command_line_opens_the_screen_for_the_gate(tmp_path, monkeypatch):
+    import monitor.preflight.gate_app as gate_app
+    from monitor.cli import main
+
+    path, planted = _planted_samples(tmp_path, n=6, planted=(4,))
+    opened = {}
+
+    def fake_run_gate(session, run_dir, funcs, source):
+        opened.update(n=len(session.samples), first=session.samples[0]["original_index"], run_dir=str(run_dir))
+        return None  # the person quit without saving
+
+    monkeypatch.setattr(gate_app, "run_gate", fake_run_gate)
+    code = main(["inspect-rewards", "--samples", str(path), "--run-dir", str(tmp_path / "run"),
+                 "--reward-funcs", "fixtures.tiny:correctness_reward", "--reference", "correctness_reward=exact_match"])
+    assert code == 1 and opened == {"n": 6, "first": 4, "run_dir": str(tmp_path / "run")}

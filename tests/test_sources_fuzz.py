@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from monitor.sources import Source, SourceError, load_source
+from monitor.sources import FORMATS, Source, SourceError, load_source
 
 # GRPO_MONITOR_FUZZ_EXAMPLES=2000 for a longer search than the default run affords.
 FUZZ = settings(
@@ -36,7 +36,7 @@ def check(path: Path) -> Source | None:
     for _, metrics in src.steps:
         for k, v in metrics.items():
             assert isinstance(k, str) and (v is None or type(v) is float)
-    assert src.format in ("run_dir", "trainer_state", "tensorboard", "csv", "jsonl")
+    assert src.format in FORMATS
     assert all(isinstance(w, str) and "\n" not in w for w in src.warnings)
     frame = src.frame()
     assert len(frame) == len(src.steps)
@@ -314,3 +314,202 @@ def test_jsonl_nested_records_read_as_flattened(lines):
     finally:
         tabular._only_nested = original
     assert_same_outcome(*results)
+
+
+# ------------------------------------------------------------------ console logs and trackers
+
+METRIC_KEYS = ["loss", "grad_norm", "learning_rate", "reward", "reward_std", "kl", "entropy", "epoch",
+               "completions/mean_length", "rewards/correct/mean", "frac_reward_zero_std"]
+NUMBER = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**6, 10**6),
+                   st.floats(-1e6, 1e6).map(lambda x: f"{x:.4g}"))
+FRAGMENT = st.one_of(
+    st.text(max_size=30),
+    st.dictionaries(st.sampled_from(METRIC_KEYS) | st.text(max_size=5), NUMBER | st.text(max_size=4), max_size=5).map(str),
+    st.tuples(st.integers(0, 99), st.integers(1, 99)).map(lambda t: f"\r{t[0]}%|##  | {t[0]}/{t[1]} [00:01<00:02, 1it/s]"),
+    st.sampled_from(["\x1b[36m(TaskRunner pid=1)\x1b[0m ", "\x1b[0m", "\n", "\r", "logging_steps=", "Total steps = ",
+                     "{'", "'}", ": ", ", ", "np.float64(", ")", "step:", " - ", "Epoch:[1/2]", "(3/9)", "step 4 ",
+                     "Reward: ", "loss=", "nan", "inf"]),
+    st.tuples(st.integers(-3, 10**20), st.dictionaries(st.sampled_from(METRIC_KEYS), NUMBER.map(str), max_size=3)).map(
+        lambda t: f"step:{t[0]} - " + " - ".join(f"{k}:{v}" for k, v in t[1].items())),
+)
+
+
+@FUZZ
+@given(parts=st.lists(FRAGMENT, max_size=25), name=st.sampled_from(["train.log", "nohup.out", "out.txt"]),
+       logging_steps=st.one_of(st.none(), st.integers(-2, 50)))
+def test_arbitrary_console_text(parts, name, logging_steps):
+    with folder() as d:
+        p = d / name
+        p.write_text("".join(parts), encoding="utf-8", errors="surrogatepass")
+        try:
+            src = load_source(p, logging_steps=logging_steps)
+        except SourceError as exc:
+            assert "\n" not in str(exc) and str(exc).strip()
+            return
+        check(p)
+        assert all(type(s) is int for s, _ in src.steps)
+
+
+def _printed(entry: dict, style: str) -> str:
+    shown = {k: v for k, v in entry.items() if k != "step"}
+    if style == "4g":  # transformers >= 5: every float as '%.4g'
+        shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in shown.items()}
+    return str(shown)
+
+
+@FUZZ
+@given(
+    rows=st.lists(st.fixed_dictionaries({k: st.floats(-1e4, 1e4, allow_nan=False) for k in METRIC_KEYS[:6]}),
+                  min_size=1, max_size=12),
+    logging_steps=st.integers(1, 7),
+    style=st.sampled_from(["repr", "4g"]),
+    wrap=st.one_of(st.none(), st.integers(7, 120)),
+    bar=st.booleans(),
+)
+def test_console_log_and_trainer_state_give_the_same_frame(rows, logging_steps, style, wrap, bar):
+    total = len(rows) * logging_steps
+    history = [{**r, "epoch": round((k + 1) * logging_steps / total, 4), "step": (k + 1) * logging_steps}
+               for k, r in enumerate(rows)]
+    out = [f"GRPOConfig(logging_steps={logging_steps})\n"] if not bar else []
+    for k, entry in enumerate(history):
+        if bar:
+            out.extend(f"\r{100 * s // total}%|#| {s}/{total} [00:00<00:00]" for s in range(k * logging_steps + 1, entry["step"] + 1))
+            out.append("\r" + " " * 30 + "\r")
+        line = _printed(entry, style)
+        if wrap:
+            line = "\n".join(line[i:i + wrap] for i in range(0, len(line), wrap))
+        out.append(line + "\n")
+    out.append(str({"train_runtime": 1.5, "train_loss": 0.1, "epoch": 1.0}) + "\n")
+    with folder() as d:
+        (d / "trainer_state.json").write_text(json.dumps({"log_history": history, "logging_steps": logging_steps}))
+        (d / "train.log").write_text("".join(out))
+        ref = load_source(d / "trainer_state.json")
+        got = load_source(d / "train.log")
+    assert got.format == "trl_console" and got.meta["logging_steps"] == logging_steps
+    assert [s for s, _ in got.steps] == [s for s, _ in ref.steps]
+    for (_, a), (_, b) in zip(got.steps, ref.steps):
+        assert a.keys() == b.keys()
+        for k in b:
+            if style == "repr":
+                assert a[k] == b[k]
+            else:
+                assert math.isclose(a[k], float(f"{b[k]:.4g}"))
+
+
+@FUZZ
+@given(records=st.lists(st.fixed_dictionaries({"output_type": st.just("stream"), "name": st.sampled_from(["stdout", "stderr"]),
+                                               "text": st.lists(FRAGMENT, max_size=6) | FRAGMENT}), min_size=1, max_size=5),
+       ipynb=st.booleans())
+def test_arbitrary_notebook_output(records, ipynb):
+    doc = {"cells": [{"cell_type": "code", "outputs": records}], "nbformat": 4} if ipynb else records
+    check_bytes(json.dumps(doc).encode(), "train.ipynb" if ipynb else "cell_output.json")
+
+
+@FUZZ
+@given(columns=st.dictionaries(st.sampled_from(["step", "reward", "loss", "_step", "x"]) | st.text(max_size=4),
+                               st.lists(SCALAR, max_size=6), min_size=1, max_size=4),
+       logging_steps=st.one_of(st.none(), st.integers(1, 5)))
+def test_arbitrary_columns(columns, logging_steps):
+    with folder() as d:
+        p = d / "metrics.json"
+        p.write_text(json.dumps(columns))
+        try:
+            load_source(p, logging_steps=logging_steps)
+        except SourceError as exc:
+            assert "\n" not in str(exc)
+        check(p)
+
+
+def _leveldb_log(payloads: list[bytes]) -> bytes:
+    """W&B's framing (LevelDB log records in 32 KiB blocks) around arbitrary payloads."""
+    import zlib
+
+    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
+    for payload in payloads:
+        first = True
+        while True:
+            left = 32768 - len(out) % 32768
+            if left < 7:
+                out += b"\x00" * left
+                continue
+            chunk, payload = payload[: left - 7], payload[left - 7:]
+            kind = (1 if first else 4) if not payload else (2 if first else 3)
+            out += struct.pack("<IHB", zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF, len(chunk), kind) + chunk
+            first = False
+            if not payload:
+                break
+    return bytes(out)
+
+
+@FUZZ
+@given(
+    rows=st.lists(st.dictionaries(st.sampled_from(["train/global_step", "_step", "train/loss", "train/reward",
+                                                   "profiling/Time taken: x", "entropy"]), NUMBER | st.none(), max_size=4),
+                  max_size=6),
+    junk=st.lists(st.binary(max_size=40), max_size=3),
+    cut=st.integers(0, 30),
+    big=st.booleans(),
+)
+def test_wandb_logs_with_arbitrary_records(rows, junk, cut, big):
+    pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
+    payloads = []
+    for i, row in enumerate(rows):
+        rec = pb.Record()
+        for k, v in row.items():
+            item = rec.history.item.add()
+            item.key = k
+            item.value_json = json.dumps(v)
+        rec.history.step.num = i
+        payloads.append(rec.SerializeToString() + (b"\x00" * 40000 if big and i == 0 else b""))
+    payloads.extend(junk)
+    data = _leveldb_log(payloads)
+    with folder() as d:
+        p = d / "run-abc.wandb"
+        p.write_bytes(data[: max(0, len(data) - cut)])
+        check(p)
+
+
+@FUZZ
+@given(rows=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(-5, 10**19) | st.text(max_size=3),
+                               JSON.map(json.dumps) | st.binary(max_size=20)), max_size=8))
+def test_trackio_databases_with_arbitrary_rows(rows):
+    import sqlite3
+
+    with folder() as d:
+        p = d / "project.db"
+        conn = sqlite3.connect(p)
+        conn.execute("CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, run_name TEXT, step INTEGER, metrics TEXT)")
+        conn.executemany("INSERT INTO metrics (run_name, step, metrics) VALUES (?, ?, ?)",
+                         [(r, s if not isinstance(s, int) or s < 2**63 else str(s), m) for r, s, m in rows])
+        conn.commit()
+        conn.close()
+        check(p)
+        check(d)
+
+
+@FUZZ
+@given(parts=st.lists(st.sampled_from(["\x1b", "[", "0", ";", "m", "]", "\x07", "\\", "a", "\n", "38;5;208", "K", "("]),
+                      max_size=30))
+def test_ansi_stripping_is_the_regex_substitution(parts):
+    """The escape-by-escape stripping (fast on a 100 MB log) removes exactly what the pattern matches."""
+    from monitor.sources.console import _ANSI, strip_ansi
+
+    text = "".join(parts)
+    assert strip_ansi(text) == _ANSI.sub("", text)
+
+
+@pytest.mark.parametrize("text,kwargs", [
+    ("{\nstep:9223372036854775808 - loss:0.0\n", {}),
+    ("step 9223372036854775808 loss=1\n", {}),
+    ("logging_steps=99999999999999999999\n{'loss': 1.0, 'epoch': 0.1}\n", {}),
+    ("{'loss': 1.0, 'epoch': 0.1}\n{'loss': 1.0, 'epoch': 0.2}\n", {"logging_steps": 2**62}),
+])
+def test_steps_beyond_64_bits_give_one_line(text, kwargs):
+    with folder() as d:
+        p = d / "train.log"
+        p.write_text(text)
+        try:
+            load_source(p, **kwargs)
+        except SourceError as exc:
+            assert "\n" not in str(exc)
+        check(p)

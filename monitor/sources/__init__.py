@@ -7,7 +7,17 @@
 * ``tensorboard``: a TensorBoard event file, or a folder holding event files at any depth;
 * ``csv``: a metric export with a step column (W&B history ``_step``, ``step``, ``global_step``);
 * ``jsonl``: one JSON object per line with a ``step`` (verl's file logger writes
-  ``{"step": n, "data": {...}}``).
+  ``{"step": n, "data": {...}}``);
+* ``log_history``, ``columns``, ``notebook``: a JSON list of ``log_history`` dicts, a JSON object of
+  per-metric lists, notebook output (a JSON list of stream records, or an ``.ipynb``);
+* ``trl_console``, ``verl_console``, ``console``: console output kept with ``nohup``/``tee``: the
+  dicts transformers/TRL print, verl's ``step:N - key:value`` lines, or a hand-written loop's lines
+  with a step counter and ``name: value`` pairs (``monitor/sources/console.py``);
+* ``wandb``, ``trackio``: a W&B run directory (offline or synced) and trackio's local database.
+
+Where a log's records carry no step (printed dicts, per-metric lists), the k-th is step
+k x logging_steps; ``logging_steps`` comes from the log where it says, else from the caller, and the
+source's ``meta`` and a warning say which.
 
 Anything unusable raises ``SourceError`` (a ``ValueError``) whose message is one line naming the
 file and the fault.
@@ -34,15 +44,21 @@ __all__ = ["FORMATS", "Source", "SourceError", "detect_format", "load_source"]
 _SNIFF = 64 * 1024
 
 
-def load_source(path: str | os.PathLike[str]) -> Source:
-    """Read any supported training log into a ``Source``; raise ``SourceError`` if it is unusable."""
+def load_source(path: str | os.PathLike[str], *, logging_steps: int | None = None) -> Source:
+    """Read any supported training log into a ``Source``; raise ``SourceError`` if it is unusable.
+
+    ``logging_steps`` numbers the records of a log that carries no step (a console log's printed
+    dicts) where the log itself does not tell.
+    """
     try:
         p = Path(path)
     except TypeError:
         raise SourceError(None, f"not a path: {path!r}") from None
     try:
-        return _load(p)
-    except SourceError:
+        return _load(p, logging_steps if isinstance(logging_steps, int) and logging_steps > 0 else None)
+    except SourceError as exc:
+        if exc.path is None and str(exc).startswith("reading a "):
+            raise SourceError(p, exc.what) from None
         raise
     except MemoryError:
         raise SourceError(p, "too large to read into memory") from None
@@ -65,19 +81,14 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         raise SourceError(p, f"cannot read ({exc.strerror or exc.__class__.__name__})") from None
 
 
-def _load(p: Path) -> Source:
+def _load(p: Path, logging_steps: int | None = None) -> Source:
     fmt, target = _detect(p)
     if fmt == "run_dir":
         from monitor.sources.run_dir import read_run_dir
 
         return read_run_dir(target)
-    if fmt == "trainer_state":
-        from monitor.sources.trainer_state import parse_json, read_trainer_state
-
-        src = read_trainer_state(target, parse_json(target, target.read_bytes()))
-        if target != p:
-            src.warnings.append(f"{p}: read the newest checkpoint's {target.relative_to(p)}")
-        return src
+    if fmt in ("trainer_state", "log_history", "columns", "notebook"):
+        return _load_json_document(p, target, logging_steps)
     if fmt == "tensorboard":
         from monitor.sources.tensorboard import read_tensorboard
 
@@ -86,9 +97,36 @@ def _load(p: Path) -> Source:
         from monitor.sources.tabular import read_csv
 
         return read_csv(target)
+    if fmt in ("trl_console", "verl_console", "console"):
+        from monitor.sources.console import read_console, read_text
+
+        return read_console(target, read_text(target), fmt, logging_steps)
+    if fmt == "wandb":
+        from monitor.sources.trackers import read_wandb
+
+        return read_wandb(target)
+    if fmt == "trackio":
+        from monitor.sources.trackers import read_trackio
+
+        return read_trackio(target)
     from monitor.sources.tabular import read_jsonl
 
     return read_jsonl(target)
+
+
+def _load_json_document(p: Path, target: Path, logging_steps: int | None) -> Source:
+    """One JSON document, routed by what it holds once parsed (it is parsed once)."""
+    from monitor.sources.trainer_state import is_trainer_state, parse_json, read_trainer_state
+
+    obj = parse_json(target, target.read_bytes())
+    if is_trainer_state(obj):
+        src = read_trainer_state(target, obj)
+        if target != p:
+            src.warnings.append(f"{p}: read the newest checkpoint's {target.relative_to(p)}")
+        return src
+    from monitor.sources.jsondocs import read_json_document
+
+    return read_json_document(target, obj, logging_steps)
 
 
 def _detect(p: Path) -> tuple[str, Path]:
@@ -108,6 +146,12 @@ def _detect(p: Path) -> tuple[str, Path]:
 
     if looks_like_event_file(head) or ("tfevents" in p.name and head.lstrip()[:1] not in (b"{", b"[")):
         return "tensorboard", p
+    from monitor.sources.trackers import SQLITE_MAGIC, WANDB_MAGIC
+
+    if head.startswith(WANDB_MAGIC):
+        return "wandb", p
+    if head.startswith(SQLITE_MAGIC):
+        return "trackio", p
     return _detect_text(p, head), p
 
 
@@ -120,22 +164,69 @@ def _detect_text(p: Path, head: bytes) -> str:
         from monitor.sources.tabular import first_json_line
 
         obj = first_json_line(first)
-        if obj is None:  # a pretty-printed JSON document
-            return "trainer_state"
+        if obj is None:
+            if first[:2] == b"{'":  # a printed Python dict: console output
+                return _detect_console(p, head)
+            # A pretty-printed JSON document: its content decides once it is parsed.
+            return "notebook" if b'"cells"' in head and b'"nbformat' in head else "trainer_state"
         if isinstance(obj, dict) and "log_history" in obj:
             return "trainer_state"
         if isinstance(obj, dict) and obj.get("type") == "header" and "schema" in obj:
             raise SourceError(p, "a grpo-monitor run log must be named run.jsonl inside its run directory")
+        if isinstance(obj, dict) and obj and (all(isinstance(v, list) for v in obj.values()) or isinstance(obj.get("cells"), list)):
+            from monitor.sources.jsondocs import json_kind
+
+            return json_kind(obj)
         return "jsonl"
+    if text[:1] == b"[" and not _json_array_start(text):
+        return _detect_console(p, head)  # "[INFO] ...", "[12/500] loss=...": a console log, not JSON
     if text[:1] == b"[":
-        raise SourceError(p, "a JSON array, not a known log format (expected a trainer_state.json object or JSON lines)")
+        head_text = text[:4096]
+        return "notebook" if b'"output_type"' in head_text or b'"name": "stdout"' in head_text else "log_history"
     from monitor.sources.tabular import decode_head, looks_like_csv
 
     if decode_head(head) is None:
         raise SourceError(p, "neither UTF-8 text nor a TensorBoard event file")
-    if looks_like_csv(head):
+    if looks_like_csv(head) and _csv_has_step(head):
         return "csv"
-    raise SourceError(p, "not a known log format (run.jsonl, trainer_state.json, TensorBoard, CSV with a step column, JSONL)")
+    try:
+        return _detect_console(p, head)
+    except SourceError:
+        if looks_like_csv(head):
+            return "csv"  # the CSV reader names the columns it found
+        raise
+
+
+def _json_array_start(text: bytes) -> bool:
+    first = text.split(b"\n", 1)[0].strip()
+    if first == b"[" or first[:2] in (b"[{", b"[[", b'["', b"[]") or first[:3] in (b"[ {", b"[ [", b'[ "'):
+        return True
+    from monitor.sources.tabular import first_json_line
+
+    return first_json_line(first) is not None
+
+
+def _csv_has_step(head: bytes) -> bool:
+    from monitor.sources.tabular import _header, _is_step, decode_head
+
+    found = _header(decode_head(head) or "")
+    return found is not None and any(_is_step(h.strip().split(" - ", 1)[-1]) for h in found[0])
+
+
+def _detect_console(p: Path, head: bytes) -> str:
+    from monitor.sources.console import decode_text, remember_text, sniff
+
+    text = decode_text(head if len(head) < _SNIFF else p.read_bytes())
+    fmt = sniff(text)
+    if fmt is not None:
+        remember_text(p, text)
+    if fmt is None:
+        raise SourceError(
+            p,
+            "not a known log format (run.jsonl, trainer_state.json, TensorBoard, CSV with a step column, JSONL, "
+            "a console log with printed metrics dicts or step lines, W&B run, trackio database)",
+        )
+    return fmt
 
 
 def _detect_dir(p: Path) -> tuple[str, Path]:
@@ -158,6 +249,13 @@ def _detect_dir(p: Path) -> tuple[str, Path]:
             best = (n, child)
     if best is not None:
         return "trainer_state", best[1]
+    from monitor.sources.trackers import looks_like_wandb_dir, trackio_databases
+
+    if looks_like_wandb_dir(p):
+        return "wandb", p
+    if trackio_databases(p):
+        return "trackio", p
     raise SourceError(
-        p, "folder holds nothing readable (no run.jsonl, trainer_state.json, checkpoint-*/ or TensorBoard event files)"
+        p, "folder holds nothing readable (no run.jsonl, trainer_state.json, checkpoint-*/, TensorBoard event files, "
+        "W&B run or trackio database)"
     )

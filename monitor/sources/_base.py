@@ -18,7 +18,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from monitor.runlog import RunLog
 
-FORMATS = ("run_dir", "trainer_state", "tensorboard", "csv", "jsonl")
+FORMATS = (
+    "run_dir", "trainer_state", "tensorboard", "csv", "jsonl",
+    "log_history", "columns", "notebook", "trl_console", "verl_console", "console", "wandb", "trackio",
+)
 Metrics = dict[str, "float | None"]
 
 # A malformed input can put anything into an error message (control bytes, a 1 MB line): the
@@ -58,6 +61,9 @@ class Source:
     samples: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     run: RunLog | None = None
     warnings: list[str] = field(default_factory=list)
+    # How the reader made its choices (``logging_steps`` and where it came from, a summary it set
+    # aside, the tracker run it read): for reports and for callers who want to check.
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (
@@ -209,6 +215,11 @@ class Normalizer:
         kinds = set(map(type, values))
         if kinds <= _FLOATS:  # the common case, checked and copied at C speed
             return dict(zip(names, values))
+        if kinds == _STRINGS:  # numbers printed as text ('0.55'): where float() reads them all, it agrees with to_value
+            try:
+                return dict(zip(names, map(float, values)))
+            except ValueError:
+                return self._reference(logs)
         if not kinds <= _NUMBERS:  # a string, a bool or something odd: the reference implementation decides
             return self._reference(logs)
         return dict(zip(names, map(_as_float, values)))
@@ -256,6 +267,7 @@ def _as_float(v: Any) -> float | None:
 
 _FLOATS = frozenset({float, type(None)})
 _NUMBERS = frozenset({float, int, type(None)})
+_STRINGS = {str}
 
 
 def guess_context(names: Iterable[str], logging_steps: int | None, steps: list[int]) -> RunContext:

@@ -14,15 +14,18 @@ def read_run_dir(path: Path) -> Source:
     """Read a run directory (or its ``run.jsonl``) through ``monitor.runlog.read_run``.
 
     Segments of a restarted lineage live in subdirectories and are not read here: the source
-    is the top-level run.
+    is the top-level run. Samples are indexed by step and read a step at a time when the replay
+    reaches it (``StepSamples``), so a long run's samples are never all in memory.
     """
-    from monitor.runlog import RunLogError, read_run
+    from monitor.runlog import RunLogError, SampleIndex, StepSamples, read_run
 
     try:
-        log = read_run(path)
+        log = read_run(path, samples=False)
     except RunLogError as exc:
         raise SourceError(None, str(exc)) from None
-    src = Source(path=log.path, format="run_dir", run=log, warnings=list(log.warnings))
+    index = SampleIndex(log.path)
+    index.scan(final=True)
+    src = Source(path=log.path, format="run_dir", run=log, warnings=list(log.warnings) + list(index.warnings))
     table = StepTable()
     norm = Normalizer(owned=True)  # the parsed step records are ours to keep
     for rec in log.steps:
@@ -32,7 +35,7 @@ def read_run_dir(path: Path) -> Source:
         metrics = rec.get("metrics")
         table.add(step, norm(metrics) if isinstance(metrics, dict) else {})
     finish(src, table)
-    src.samples = log.samples_by_step()
+    src.samples = StepSamples(index)  # type: ignore[assignment]
     src.context = context_from_header(log.header)
     return src
 

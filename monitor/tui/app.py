@@ -10,6 +10,7 @@ a finished run, a ``trainer_state.json``, a TensorBoard folder or a CSV/JSONL ex
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,8 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
             records.append(dict(run.header))
         for s in run.steps:
             records.append(dict(s))
+        by_step = src.samples if isinstance(src.samples, Mapping) else {}
+        records += [dict(r) for step in by_step for r in by_step[step]]
         records += [dict(r) for r in (*run.samples, *run.findings, *run.recommendations, *run.restarts)]
         if run.summary:
             records.append(dict(run.summary))
@@ -80,7 +83,7 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
 
     engine = Engine(ctx)
     recommender = Recommender(ctx.config, is_moe=ctx.is_moe)
-    samples = src.samples if isinstance(src.samples, dict) else {}
+    samples = src.samples if isinstance(src.samples, Mapping) else {}
     for step, metrics in src.steps:
         batch = samples.get(step)
         findings = engine.update(step, metrics, batch)
@@ -207,7 +210,7 @@ class DashboardScreen(Screen[None]):
         counts = {
             "detectors": len(m.findings),
             "recommendations": len(m.recommendations),
-            "samples": len(m.samples),
+            "samples": m.sample_count,
         }
         tc = self.query_one(TabbedContent)
         for i, t in enumerate(TABS):
@@ -265,7 +268,7 @@ class WatchApp(App[None]):
             else:
                 self.post_message(RecordsArrived(records, caught_up=True))
                 return
-        tailer = RunTailer(self.path)
+        tailer = RunTailer(self.path, index_samples=True)
         caught_up = False
         last_wait: str | None = None
         while not worker.is_cancelled:
@@ -275,7 +278,7 @@ class WatchApp(App[None]):
                 self.post_message(
                     RecordsArrived(
                         batch.records, warnings=batch.warnings, waiting_for=batch.waiting_for,
-                        caught_up=newly_caught_up,
+                        caught_up=newly_caught_up, sample_indexes=batch.sample_indexes,
                     )
                 )
                 caught_up |= newly_caught_up
@@ -286,6 +289,8 @@ class WatchApp(App[None]):
     def on_records_arrived(self, message: RecordsArrived) -> None:
         model = self.model
         changed = model.ingest(message.records)
+        if message.sample_indexes is not None and model.set_sample_indexes(message.sample_indexes):
+            changed.add("samples")
         model.warnings += message.warnings
         if message.waiting_for:
             self.status, self.status_role = f"waiting for {message.waiting_for}", "warning"

@@ -17,12 +17,14 @@ class RecordsArrived(Message):
         warnings: list[str] | None = None,
         waiting_for: str | None = None,
         caught_up: bool = False,
+        sample_indexes: list[Any] | None = None,
     ) -> None:
         super().__init__()
         self.records = records
         self.warnings = warnings or []
         self.waiting_for = waiting_for
         self.caught_up = caught_up  # everything on disk so far has been delivered
+        self.sample_indexes = sample_indexes  # the samples files' step indexes (a run directory)
 
 
 class SourceFailed(Message):

@@ -24,7 +24,8 @@ import numpy as np
 
 _REWARD_MEAN = re.compile(r"^rewards/(.+)/mean$")
 MOE_CAP = 4096  # load records kept for the heatmap; beyond it older ones are thinned by half
-SAMPLES_CAP = 200_000
+SAMPLES_CAP = 200_000  # sample records held in memory (replayed logs); run directories are indexed
+STEP_CACHE = 8  # steps of samples kept parsed, for moving back and forth between them
 
 
 def to_float(v: Any) -> float:
@@ -119,7 +120,10 @@ class RunModel:
         self.recommendations: list[dict[str, Any]] = []
         self.restarts: list[dict[str, Any]] = []
         self.notes: list[dict[str, Any]] = []
-        self.samples: list[dict[str, Any]] = []
+        self.mem_samples: list[dict[str, Any]] = []  # sample records that arrived as records
+        self.sample_indexes: list[Any] = []  # ``monitor.runlog.SampleIndex`` of each followed directory
+        self._index_versions: tuple[int, ...] = ()
+        self._step_cache: dict[int, tuple[int, list[dict[str, Any]]]] = {}
         self.summary: dict[str, Any] | None = None
         self.warnings: list[str] = []
         self.moe_steps: list[int] = []
@@ -233,7 +237,7 @@ class RunModel:
                 self.last_step = dict(rec)
                 changed.add("steps")
             elif kind == "sample":
-                self.samples.append(dict(rec))
+                self.mem_samples.append(dict(rec))
                 changed.add("samples")
             elif kind == "header":
                 self.headers.append(dict(rec))
@@ -257,10 +261,69 @@ class RunModel:
                 changed.add("notes")
         flush()
         if "samples" in changed:
-            if len(self.samples) > SAMPLES_CAP:
-                del self.samples[: len(self.samples) - SAMPLES_CAP * 3 // 4]
+            if len(self.mem_samples) > SAMPLES_CAP:
+                del self.mem_samples[: len(self.mem_samples) - SAMPLES_CAP * 3 // 4]
+            self._step_cache.clear()
             self.sample_version += 1
         return changed
+
+    # -- samples -----------------------------------------------------------------------------
+    # A run directory's samples stay on disk, indexed by step; a step's records are parsed when a
+    # panel asks for them, so a run of millions of completions costs the dashboard a few
+    # megabytes. Samples that arrive as records (a replayed log) are held in memory.
+    def set_sample_indexes(self, indexes: list[Any]) -> bool:
+        """Follow these indexes; True when they grew since last asked."""
+        self.sample_indexes = list(indexes)
+        versions = tuple(i.version for i in self.sample_indexes)
+        if versions == self._index_versions:
+            return False
+        self._index_versions = versions
+        self._step_cache.clear()
+        self.sample_version += 1
+        return True
+
+    @property
+    def sample_count(self) -> int:
+        return len(self.mem_samples) + sum(i.count for i in self.sample_indexes)
+
+    def sample_steps(self) -> list[int]:
+        """Every step with samples, ascending."""
+        steps: set[int] = set()
+        for idx in self.sample_indexes:
+            steps.update(idx.steps())
+        steps.update(s["step"] for s in self.mem_samples if type(s.get("step")) is int)
+        return sorted(steps)
+
+    def step_sample_count(self, step: int) -> int:
+        n = sum(i.count_of(step) for i in self.sample_indexes)
+        return n + (sum(1 for s in self.mem_samples if s.get("step") == step) if self.mem_samples else 0)
+
+    def samples_of(self, step: int) -> list[dict[str, Any]]:
+        """One step's samples (every rank, every followed directory), read when first asked."""
+        key = self.step_sample_count(step)
+        hit = self._step_cache.get(step)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        rows: list[dict[str, Any]] = []
+        for idx in self.sample_indexes:
+            if idx.count_of(step):
+                rows.extend(idx.load(step))
+        if self.mem_samples:
+            rows.extend(s for s in self.mem_samples if s.get("step") == step)
+        if len(self._step_cache) >= STEP_CACHE:
+            self._step_cache.pop(next(iter(self._step_cache)))
+        self._step_cache[step] = (key, rows)
+        return rows
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        """Every sample of the run, read now (small runs and tests: panels read steps as needed)."""
+        if not self.sample_indexes:
+            return self.mem_samples
+        out: list[dict[str, Any]] = []
+        for step in self.sample_steps():
+            out.extend(self.samples_of(step))
+        return out
 
     def _add_moe(self, step: int, load: Any) -> None:
         try:

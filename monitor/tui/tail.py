@@ -5,6 +5,9 @@ and every ``samples.rank<R>.jsonl``. Files are read by byte offset; a line witho
 yet is held back until the rest arrives, so a writer caught mid-line never yields a broken
 record. A directory that does not exist yet is waited for. A ``restart`` record naming a
 ``child_run`` makes the tailer follow that directory too (a new segment of the same lineage).
+With ``index_samples=True`` (the dashboard) the sample files are not parsed but indexed by step
+(``monitor.runlog.SampleIndex``), a bounded number of bytes per poll, and a step's samples are
+read when shown: the dashboard's memory and start-up time do not grow with the samples.
 
 >>> import tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp()) / "run"
@@ -25,12 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitor.runlog import RUN_FILE, RunLogError, parse_line
+from monitor.runlog import RUN_FILE, RunLogError, SampleIndex, parse_line
 
 _SAMPLES_RE = re.compile(r"^samples\.rank(\d+)\.jsonl$")
 # One poll reads at most this much of one file, so a huge finished run arrives in batches
 # and the dashboard paints its first chart long before the last byte is parsed.
 MAX_READ = 8 << 20
+# Sample bytes indexed per poll: the index scan holds the interpreter, so it goes in slices the
+# screen can interleave with (a 500 MB samples file is indexed in a second or two).
+INDEX_BUDGET = 48 << 20
 
 
 class FileFollower:
@@ -84,21 +90,26 @@ class TailBatch:
     warnings: list[str] = field(default_factory=list)
     waiting_for: str | None = None  # a directory or file that does not exist yet
     more: bool = False  # unread bytes remain: poll again at once
+    sample_indexes: list[SampleIndex] = field(default_factory=list)
+    samples_grew: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.records or self.warnings)
+        return bool(self.records or self.warnings or self.samples_grew)
 
 
 class RunTailer:
     """Every record appended to a run directory (and to the child runs it restarts into)."""
 
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], index_samples: bool = False) -> None:
         p = Path(run_dir)
         if p.name == RUN_FILE:
             p = p.parent
         self.root = p
         self.dirs: list[Path] = [p]
         self._files: dict[Path, FileFollower] = {}
+        self.index_samples = index_samples
+        self.indexes: dict[Path, SampleIndex] = {}
+        self._index_warned: dict[Path, int] = {}
 
     def _follower(self, path: Path) -> FileFollower:
         f = self._files.get(path)
@@ -128,6 +139,21 @@ class RunTailer:
                     if child is not None and child not in self.dirs:
                         self.dirs.append(child)
             batch.records.extend(records)
+            if self.index_samples:
+                idx = self.indexes.get(d)
+                if idx is None:
+                    # The first poll brings the run's records alone: the screen draws them while
+                    # the samples are indexed by the polls that follow at once.
+                    idx = self.indexes[d] = SampleIndex(d)
+                    batch.more = True
+                    continue
+                before = idx.version
+                batch.more |= idx.scan(budget=INDEX_BUDGET)
+                batch.samples_grew |= idx.version != before
+                seen = self._index_warned.get(d, 0)
+                batch.warnings.extend(idx.warnings[seen:])
+                self._index_warned[d] = len(idx.warnings)
+                continue
             try:
                 names = sorted(os.listdir(d))
             except OSError:
@@ -137,4 +163,5 @@ class RunTailer:
                     recs, more = self._follower(d / name).read(batch.warnings)
                     batch.more |= more
                     batch.records.extend(r for r in recs if r["type"] == "sample")
+        batch.sample_indexes = [self.indexes[d] for d in self.dirs if d in self.indexes]
         return batch

@@ -28,6 +28,27 @@ class RunHeader(Static):
         self._last: Text | None = None
         self._lines = -1
 
+    def _judgement(self, model: RunModel) -> tuple[str, str] | None:
+        """A warning when no failure detector can judge what the run logs (as ``analyze`` reports
+        it; the Detectors panel shows each one's state), recomputed only when the logged names or
+        the detectors' states change."""
+        names = list(model.store.names)
+        key = (tuple(names), tuple(sorted(model.detector_states.items())), len(model.headers))
+        if key == getattr(self, "_judged_key", None):
+            return getattr(self, "_judged", None)
+        try:
+            from monitor.analysis import coverage_from_states, judgement_line
+
+            found = [n for n in names if model.latest_metric(n) is not None]
+            cov = coverage_from_states(model.header, found, model.detector_states)
+            judged: tuple[str, str] | None = judgement_line(cov, found)
+            if judged[1] != "warning":
+                judged = None
+        except Exception:  # the header must draw whatever the coverage check makes of an odd log
+            judged = None
+        self._judged_key, self._judged = key, judged
+        return judged
+
     def show(self, model: RunModel, status: str, status_role: str) -> None:
         app = self.app
         t = Text(no_wrap=False)
@@ -47,6 +68,9 @@ class RunHeader(Static):
             t.append(" MoE" + (f" {e}×top{k}" if e and k else ""), role_style(app, "accent"))
         if model.source_format:
             t.append(f"  ({visible(model.source_format)})", role_style(app, "muted"))
+        judged = self._judgement(model)
+        if judged is not None:
+            t.append(f"  {judged[0]}", role_style(app, judged[1]))
         t.append("\n")
         cfg = model.config
         items = [

@@ -37,6 +37,39 @@ def _clip(model: RunModel) -> list[SeriesSpec]:
     return [SeriesSpec(n[11:], n) for n in names]
 
 
+# Train-inference mismatch, shown only when the run logs it (vLLM rollouts with the correction on,
+# verl's rollout correction, prime-rl, Tinker): the gap itself, then the importance weights it causes.
+_DRIFT = [
+    ("logp diff", "sampling/sampling_logp_difference/mean"),
+    ("kl", "mismatch/kl"),
+    ("k3 kl", "mismatch/k3_kl"),
+    ("k2 kl", "mismatch/k2_kl"),
+    ("probs diff", "mismatch/probs_diff/mean"),
+]
+_WEIGHTS = [
+    ("IS mean", "sampling/importance_sampling_ratio/mean"),
+    ("ess", "mismatch/ess"),
+    ("masked", "mismatch/masked_fraction"),
+]
+
+
+def _present(model: RunModel, specs: list[tuple[str, str]]) -> list[SeriesSpec]:
+    names = model.store.names
+    return [SeriesSpec(label, metric) for label, metric in specs if metric in names]
+
+
+def _mismatch(model: RunModel) -> list[SeriesSpec]:
+    return _present(model, _DRIFT)
+
+
+def _weights(model: RunModel) -> list[SeriesSpec]:
+    return _present(model, _WEIGHTS)
+
+
+def _is_band(model: RunModel) -> list[tuple[str, float]]:
+    return [("band low", 0.5), ("band high", 2.0)] if "sampling/importance_sampling_ratio/mean" in model.store.names else []
+
+
 CHARTS = [
     ("chart-entropy", "entropy", [SeriesSpec("entropy", "entropy")], None),
     ("chart-length", "completion length", _length, _length_cap),
@@ -45,6 +78,11 @@ CHARTS = [
     ("chart-kl", "kl", [SeriesSpec("kl", "kl")], None),
     ("chart-clip", "clip_ratio", _clip, None),
     ("chart-grad", "grad_norm", [SeriesSpec("grad_norm", "grad_norm")], None),
+]
+# Charts that take a grid cell only once the run has logged one of their metrics.
+OPTIONAL_CHARTS = [
+    ("chart-mismatch", "rollout mismatch", _mismatch, None),
+    ("chart-is-weights", "importance weights", _weights, _is_band),
 ]
 
 
@@ -89,6 +127,14 @@ class OverviewPanel(VerticalScroll):
             chart.bind(model)
 
     def show(self, model: RunModel) -> None:
+        for cid, title, series, refs in OPTIONAL_CHARTS:
+            # Mounted (before the findings cell) the first time the run logs one of its metrics, so a
+            # run without them keeps the grid it always had.
+            if self.query(f"#{cid}") or not series(model):
+                continue
+            chart = LineChart(title, series, refs=refs, id=cid, classes="overview-chart")
+            self.query_one("#overview-grid", Grid).mount(chart, before=self.query_one(FindingsSummary))
+            chart.bind(model)
         for chart in self.query(LineChart):
             chart.refresh()
         self.query_one(FindingsSummary).show(model)

@@ -1,4 +1,10 @@
-"""The samples browser: every recorded completion, filterable, shown verbatim."""
+"""The samples browser: every recorded completion, filterable, shown verbatim.
+
+Samples are read a step at a time (``RunModel.samples_of``): the newest steps until there are
+enough rows to show, or the steps a filter names; a text, correctness or truncation filter looks
+back through at most ``SCAN_SAMPLES`` samples. Completions kept as numbers only (the retention
+policy) show their numbers, without text.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from monitor.tui.widgets.common import role_style, short
 from monitor.tui.widgets.chart import fmt
 
 MAX_ROWS = 500  # newest matching samples shown; a filter narrows the rest down
+SCAN_SAMPLES = 200_000  # samples a filter reads at most, newest steps first
 
 
 @dataclass
@@ -111,6 +118,7 @@ class SamplesPanel(Vertical):
         self._text_w = 40
         self._prompt_w = 0
         self._rows: list[int] = []
+        self._loaded: list[dict[str, Any]] = []
         self.query_one("#sample-filter", Input).display = False
 
     # -- filter ----------------------------------------------------------------------------
@@ -177,14 +185,17 @@ class SamplesPanel(Vertical):
         if table.row_count and table.cursor_row < len(self._rows):
             keep_key = self._rows[table.cursor_row]
         table.clear()
-        matched = [i for i, s in enumerate(model.samples) if self._filter.matches(s)]
+        loaded, complete = self._load(model)
+        self._loaded = loaded
+        matched = [i for i, s in enumerate(loaded) if self._filter.matches(s)]
         shown = sorted(
             matched[-MAX_ROWS * 4 :] if len(matched) > MAX_ROWS * 4 else matched,
-            key=lambda i: (-_int(model.samples[i].get("step")), _int(model.samples[i].get("index"))),
+            key=lambda i: (-_int(loaded[i].get("step")), _int(loaded[i].get("index"))),
         )[:MAX_ROWS]
         self._rows = shown
+        total = model.sample_count
         for i in shown:
-            s = model.samples[i]
+            s = loaded[i]
             rewards = s.get("rewards") if isinstance(s.get("rewards"), dict) else {}
             c = s.get("correct")
             table.add_row(
@@ -200,11 +211,13 @@ class SamplesPanel(Vertical):
                 *([one_line(s.get("prompt"), self._prompt_w)] if self._prompt_w else []),
                 key=str(i),
             )
-        status = f"{len(shown)} of {len(model.samples)} samples"
+        status = f"{len(shown)} of {total} samples"
         if len(matched) > len(shown):
-            status = f"newest {len(shown)} of {len(matched)} matching ({len(model.samples)} samples)"
+            status = f"newest {len(shown)} of {len(matched)} matching ({total} samples)"
         elif self._filter:
-            status = f"{len(matched)} of {len(model.samples)} samples match"
+            status = f"{len(matched)} of {total} samples match"
+        if not complete and self._filter:
+            status += f" (newest {len(loaded)} read)"
         if self._filter:
             status += f" · filter: {self._filter.describe()}"
         status += "  (/ to filter)"
@@ -214,12 +227,37 @@ class SamplesPanel(Vertical):
             table.move_cursor(row=row)
             self._detail(shown[row])
         else:
-            self.query_one("#sample-detail", Static).update(Text("No samples match." if model.samples else "No samples recorded yet.", style=role_style(app, "muted")))
+            self.query_one("#sample-detail", Static).update(Text("No samples match." if total else "No samples recorded yet.", style=role_style(app, "muted")))
+
+    def _load(self, model: RunModel) -> tuple[list[dict[str, Any]], bool]:
+        """The samples this view draws from, newest steps first, and whether that is all that
+        the filter could match."""
+        steps = model.sample_steps()
+        if self._filter.steps:
+            steps = [st for st in steps if any(a <= st <= b for a, b in self._filter.steps)]
+        narrowing = self._filter.text or self._filter.correct is not None or self._filter.truncated is not None
+        want = SCAN_SAMPLES if narrowing else MAX_ROWS * 4
+        rows: list[dict[str, Any]] = []
+        chunks: list[list[dict[str, Any]]] = []
+        found = 0
+        for k, st in enumerate(reversed(steps)):
+            batch = model.samples_of(st)
+            chunks.append(batch)
+            found += sum(1 for r in batch if self._filter.matches(r)) if narrowing else len(batch)
+            total = sum(map(len, chunks))
+            if found >= MAX_ROWS or total >= want:
+                complete = k == len(steps) - 1
+                break
+        else:
+            complete = True
+        for batch in reversed(chunks):
+            rows.extend(batch)
+        return rows, complete
 
     def _detail(self, index: int) -> None:
-        if self._model is None or not 0 <= index < len(self._model.samples):
+        if self._model is None or not 0 <= index < len(self._loaded):
             return
-        s = self._model.samples[index]
+        s = self._loaded[index]
         app = self.app
         head = role_style(app, "primary", bold=True)
         muted = role_style(app, "muted")
@@ -235,8 +273,18 @@ class SamplesPanel(Vertical):
             t.append(visible(", ".join(f"{k}={fmt(v) if v is not None else '—'}" for k, v in rewards.items())) + "\n")
         t.append("\nPROMPT\n", head)
         t.append_text(literal(s.get("prompt")))
-        t.append("\n\nCOMPLETION\n", head)
-        t.append_text(literal(s.get("completion")))
+        if "completion" in s:
+            t.append("\n\nCOMPLETION", head)
+            chars = s.get("chars")
+            if isinstance(chars, int) and isinstance(s.get("completion"), str) and chars > len(s["completion"]):
+                t.append(f"  (head and tail of {chars} characters)", muted)
+            t.append("\n", head)
+            t.append_text(literal(s.get("completion")))
+        else:
+            t.append("\n\nCOMPLETION\n", head)
+            t.append("text not kept for this completion (sample_text policy); its numbers: ", muted)
+            t.append(f"tail repetition {fmt(s.get('tail_rep')) if s.get('tail_rep') is not None else '—'}, "
+                     f"{short(s.get('chars'))} characters")
         self.query_one("#sample-detail", Static).update(t)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:

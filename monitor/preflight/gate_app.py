@@ -5,7 +5,7 @@ wrong", ``n`` write a note (Enter keeps it, Escape drops it), ``left``/``right``
 the verdict, ``q`` quit. Model text is shown character for character: markup and escape
 sequences in a completion are displayed, never obeyed.
 
-Only ``monitor.reward_gate`` imports this module, and only when the screen is opened.
+The command line opens this screen and hands ``run_gate`` to the gate; the gate never imports it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Input, Static
 
-from monitor.reward_gate import GateSession, _text, save_verdict
+from monitor.preflight.reward_gate import GateSession, _text, save_verdict
 from monitor.tui.text import literal
 
 
@@ -88,6 +88,9 @@ class RewardGateApp(App):
                  f"agree {s['agreed']}   pass rate {rate} (needs {100 * s['threshold']:.0f}%)   [{state}]")
         verdict = self.session.judgements[self.index].verdict
         line2 = f"this sample: {verdict or 'not judged'}"
+        if self.session.references:
+            n = sum(1 for i in range(len(self.session.samples)) if any(self.session.disagrees(c, i) for c in self.session.references))
+            line2 += f"   {n} sample(s) disagree with a reference (shown first)"
         if self.saved is not None:
             line2 += f"   last save: {'PASSED' if self.saved['passed'] else 'not passed'}"
         return Text(line1 + "\n" + line2)
@@ -101,6 +104,11 @@ class RewardGateApp(App):
             t.append(f"{k + 1}. ", style="bold")
             t.append(name)
             t.append(f": {_score(self.session.scores[name][self.index])}")
+            if name in self.session.references:
+                ref = self.session.references[name]
+                t.append(f"   reference {ref.get('reference')}: {_score(self.session.reference_score(name, self.index))}")
+                if self.session.disagrees(name, self.index):
+                    t.append("   ≠ reference", style="bold yellow")
             if mark:
                 t.append(f"   {mark}", style="red")
             if name in self.session.errors:

@@ -1,0 +1,212 @@
+"""Offline analysis: honest verdicts, column mapping, whole run directories and folders of runs.
+
+Run directories here are real files written by ``RunWriter`` from labelled synthetic runs; the
+command line is run as a real subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import monitor
+from fixtures.synthetic import generate
+from monitor.analysis import analyze, discover_runs, parse_mapping
+from monitor.runlog import RunWriter
+
+
+def cli(*args):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "monitor", "analyze", *map(str, args)], capture_output=True, text=True,
+                          env=env)
+
+
+def write_run(run_dir: Path, case: str = "healthy_slow", *, steps: int | None = None, summary: bool = True,
+              run_id: str = "run-a", findings: list[dict] | None = None, resumed_from_step: int = 0,
+              writer: RunWriter | None = None) -> Path:
+    """A run directory of a labelled synthetic run, as the callback writes it."""
+    run = generate(case, seed=1, with_samples=False)
+    rows = run.steps if steps is None else run.steps[:steps]
+    w = writer or RunWriter(run_dir)
+    max_steps = run.steps[-1][0]
+    w.header(run_id=run_id, start_time=time.time(), config={"max_steps": max_steps, "logging_steps": 1, "num_generations": 8,
+                                                            **run.context.config},
+             model={"class": "Qwen3ForCausalLM", "is_moe": False}, world_size=1, parent_run=None,
+             reward_funcs=run.context.reward_names, correctness_reward=run.context.correctness_reward,
+             format_reward=run.context.format_reward, resumed_from_step=resumed_from_step)
+    for f in findings or []:
+        w.write({"type": "finding", **f})
+    for step, metrics in rows:
+        w.step(step, metrics, time.time())
+    if summary:
+        w.write({"type": "summary", "step": rows[-1][0] if rows else 0, "metrics": {"train_runtime": 1.0}})
+    if writer is None:
+        w.close()
+    return run_dir
+
+
+CONFIG_FINDING = {"detector": "config_num_generations", "severity": "critical", "step": 0, "onset_step": None,
+                  "variant": None, "config_overrides": {"num_generations": 8},
+                  "evidence": {"num_generations": 2, "minimum": 8}, "message": "Only 2 completions per prompt."}
+
+
+def test_csv_with_only_entropy_and_grad_norm_cannot_be_judged(tmp_path):
+    path = tmp_path / "export.csv"
+    path.write_text("step,entropy,grad_norm\n" + "".join(f"{s},{0.5 + 0.01 * (s % 3)},{0.3}\n" for s in range(1, 120)))
+    out = cli(path)
+    assert out.returncode == 3, out.stderr
+    assert "HEALTHY" not in out.stdout and "CANNOT JUDGE" in out.stdout
+    assert "found entropy, grad_norm" in out.stdout and "--map" in out.stdout
+    doc = json.loads(cli(path, "--json").stdout)
+    run = doc["runs"][0]
+    assert run["verdict"] == "cannot_judge" and run["judged_by"] == []
+    assert {"source", "steps", "findings", "recommendations"} <= set(run)
+    assert "entropy_collapse" in run["not_judged"] and "needs" in run
+
+
+def test_unrecognised_csv_header_names_its_columns_and_map_makes_it_readable(tmp_path):
+    path = tmp_path / "export.csv"
+    rows = "".join(f"{s},{0.5 + 0.001 * (s % 5)},{100 + 2 * s},{s % 7}\n" for s in range(1, 200))
+    path.write_text("step,my_score,gen_tokens,misc\n" + rows)
+    out = cli(path)
+    assert out.returncode == 3
+    assert "my_score, gen_tokens, misc" in out.stdout and "--map my_score=reward" in out.stdout
+    mapped = cli(path, "--map", "my_score=reward", "--map", "gen_tokens=length", "--json")
+    run = json.loads(mapped.stdout)["runs"][0]
+    assert "length_reward_coupling" in run["judged_by"] and run["verdict"] != "cannot_judge"
+    assert mapped.returncode == (1 if run["verdict"] in ("warning", "critical") else 0)
+    report = monitor.analyze(path, mapping={"my_score": "reward", "gen_tokens": "length"})
+    assert [f.detector for f in report.runs[0].findings] == [f["detector"] for f in run["findings"]]
+    frame = monitor.load_run(path, mapping={"my_score": "reward"})
+    assert "reward" in frame.columns and "my_score" not in frame.columns
+
+
+def test_bad_map_item_is_one_line_and_exit_2(tmp_path):
+    path = tmp_path / "export.csv"
+    path.write_text("step,reward\n1,0.5\n2,0.6\n")
+    out = cli(path, "--map", "reward")
+    assert out.returncode == 2 and "COLUMN=METRIC" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_parse_mapping_short_targets():
+    assert parse_mapping({"acc": "correctness", "x": "rewards/fmt"}) == {"acc": "rewards/correctness/mean",
+                                                                           "x": "rewards/fmt/mean"}
+    with pytest.raises(ValueError):
+        parse_mapping(["=reward"])
+
+
+def test_header_only_run_directory_is_not_healthy(tmp_path):
+    run_dir = write_run(tmp_path / "run", steps=0, summary=False)
+    out = cli(run_dir)
+    assert out.returncode == 3 and "HEALTHY" not in out.stdout
+    run = json.loads(cli(run_dir, "--json").stdout)["runs"][0]
+    assert run["steps"] == 0 and run["verdict"] == "cannot_judge" and run["file"].endswith("run.jsonl")
+
+
+def test_run_that_stopped_early_is_incomplete(tmp_path):
+    # A reward function raised at step 7: no final summary, far from max_steps.
+    run_dir = write_run(tmp_path / "run", steps=7, summary=False)
+    out = cli(run_dir)
+    assert out.returncode == 3 and "HEALTHY" not in out.stdout
+    assert "stopped at step 7 of max_steps" in out.stdout
+
+
+def test_long_run_that_stopped_early_is_incomplete_even_where_judged(tmp_path):
+    run_dir = write_run(tmp_path / "run", steps=200, summary=False)
+    report = analyze(run_dir)
+    run = report.runs[0]
+    assert run.judged_by and run.verdict == "incomplete" and report.exit_code == 3
+    finished = analyze(write_run(tmp_path / "done")).runs[0]
+    assert finished.verdict == "healthy" and finished.status is None
+
+
+def test_critical_config_finding_in_the_run_log_is_reported_offline(tmp_path):
+    run_dir = write_run(tmp_path / "run", findings=[CONFIG_FINDING])
+    out = cli(run_dir, "--json")
+    assert out.returncode == 1
+    findings = json.loads(out.stdout)["runs"][0]["findings"]
+    assert findings[0]["detector"] == "config_num_generations" and findings[0]["severity"] == "critical"
+
+
+def test_second_run_written_into_the_same_run_directory_is_two_runs(tmp_path):
+    run_dir = tmp_path / "run"
+    w = RunWriter(run_dir)
+    write_run(run_dir, steps=40, run_id="first", writer=w)
+    write_run(run_dir, steps=30, run_id="second", writer=w)
+    w.close()
+    report = analyze(run_dir)
+    assert [r.steps for r in report.runs] == [40, 30]
+    assert "run 1 of 2" in report.runs[0].source and "second" in report.runs[1].source
+    # A resume (header with resumed_from_step) continues the same run.
+    resumed = tmp_path / "resumed"
+    w = RunWriter(resumed)
+    write_run(resumed, steps=40, run_id="first", writer=w, summary=False)
+    write_run(resumed, steps=60, run_id="again", writer=w, resumed_from_step=40)
+    w.close()
+    assert [r.steps for r in analyze(resumed).runs] == [60]
+
+
+def test_folder_of_run_directories_is_analysed_run_by_run(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root / "a" / "grpo-monitor")
+    write_run(root / "b" / "grpo-monitor", findings=[CONFIG_FINDING])
+    write_run(root / "c", case="entropy_collapse")
+    (root / "a" / "checkpoint-5").mkdir()
+    (root / "a" / "checkpoint-5" / "trainer_state.json").write_text(json.dumps({"log_history": [{"step": 5, "loss": 0.1}]}))
+    found = discover_runs(root)
+    assert found == [root / "a" / "grpo-monitor", root / "b" / "grpo-monitor", root / "c"]
+    out = cli(root)
+    assert out.returncode == 1, out.stderr
+    table = out.stdout.split("run ", 1)[-1]
+    for name in ("a/grpo-monitor", "b/grpo-monitor", "c"):
+        assert str(root / name) in out.stdout
+    assert "verdict" in table and "critical" in table
+    doc = json.loads(cli(root, "--json").stdout)
+    assert len(doc["runs"]) == 3 and all(r["file"].endswith("run.jsonl") for r in doc["runs"])
+    # A Trainer output_dir: its own grpo-monitor run directory speaks for it.
+    assert discover_runs(root / "a") == [root / "a" / "grpo-monitor"]
+
+
+def test_folder_with_an_unreadable_run_reports_the_others(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root / "good")
+    bad = root / "bad"
+    bad.mkdir(parents=True)
+    (bad / "run.jsonl").write_text("not json\n{}\n")
+    out = cli(root)
+    assert out.returncode == 2
+    assert str(root / "good") in out.stdout and "unreadable" in out.stdout and "Traceback" not in out.stderr
+    doc = json.loads(cli(root, "--json").stdout)
+    assert set(doc) == {"runs"}
+    assert [r["verdict"] for r in doc["runs"] if r["source"] == str(bad)] == ["unreadable"]
+
+
+def test_dashboard_says_it_cannot_judge_a_run_it_cannot_see(tmp_path):
+    pytest.importorskip("textual")
+    import asyncio
+
+    from monitor.tui import WatchApp
+    from monitor.tui.widgets.header import RunHeader
+
+    blind = tmp_path / "blind.csv"
+    blind.write_text("step,entropy,grad_norm\n" + "".join(f"{s},{0.5 + 0.01 * (s % 3)},{0.3}\n" for s in range(1, 80)))
+    seen = write_run(tmp_path / "seen")
+
+    async def header_text(path):
+        app = WatchApp(path)
+        async with app.run_test(size=(160, 40)) as pilot:
+            for _ in range(400):
+                if app.caught_up.is_set():
+                    break
+                await pilot.pause(0.02)
+            await pilot.pause()
+            return str(app.screen.query_one(RunHeader).render())
+
+    assert "CANNOT JUDGE" in asyncio.run(header_text(blind))
+    assert "CANNOT JUDGE" not in asyncio.run(header_text(seen))

@@ -1,0 +1,154 @@
+"""One real TRL run on the tiny model, logged four ways at once: its console output captured to a
+file (tqdm on), its checkpoint's trainer_state.json, a W&B offline run directory and a trackio
+project. Every reader must give the same steps and values, and ``analyze`` the same findings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from monitor.sources import SourceError, load_source
+
+pytest.importorskip("trl")
+pytest.importorskip("wandb")
+pytest.importorskip("trackio")
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, LOGGING_STEPS = 24, 2
+
+SCRIPT = f"""
+import sys
+from monitor.demo import build_trainer, demo_config
+
+args = demo_config(sys.argv[1], {STEPS}, report_to=["wandb", "trackio"], disable_tqdm=False,
+                   logging_steps={LOGGING_STEPS}, save_strategy="steps", save_steps={STEPS // 2},
+                   project="console-check", run_name="console-check")
+build_trainer(args).train()
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("logged-four-ways")
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(root / "wb"), WANDB_SILENT="true",
+               TRACKIO_DIR=str(root / "trackio"), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env.pop("PYTHONUNBUFFERED", None)  # as under nohup: stdout is a buffered file
+    (root / "wb").mkdir()
+    with open(root / "train.log", "wb") as log:  # `python train.py > train.log 2>&1`
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, str(root / "out")], stdout=log,
+                              stderr=subprocess.STDOUT, env=env, cwd=root, timeout=900)
+    assert proc.returncode == 0, (root / "train.log").read_text()[-3000:]
+    checkpoints = sorted((root / "out").glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name[11:]))
+    return {
+        "console": root / "train.log",
+        "trainer_state": checkpoints[-1],
+        "wandb": root / "wb" / "wandb",
+        "trackio": root / "trackio" / "console-check.db",
+    }
+
+
+def test_the_run_logged_every_way(run):
+    assert b"it/s]" in run["console"].read_bytes()  # tqdm's bar is in the captured output
+    assert run["trainer_state"].parent.name == f"checkpoint-{STEPS}"
+    assert list(run["wandb"].glob("offline-run-*/run-*.wandb"))
+
+
+@pytest.mark.parametrize("kind", ["console", "wandb", "trackio"])
+def test_same_frame_as_trainer_state(run, kind):
+    ref = load_source(run["trainer_state"]).frame()
+    src = load_source(run[kind])
+    assert src.format == {"console": "trl_console"}.get(kind, kind)
+    frame = src.frame()
+    assert list(frame.index) == list(range(LOGGING_STEPS, STEPS + 1, LOGGING_STEPS)) == list(ref.index)
+    assert sorted(frame.columns) == sorted(ref.columns)
+    a, b = frame[ref.columns].to_numpy(), ref.to_numpy()
+    assert (np.isnan(a) == np.isnan(b)).all()
+    # transformers prints floats with 4 significant digits; the trackers keep them whole.
+    rtol = 5e-4 if kind == "console" else 0
+    ok = np.isnan(b) | np.isclose(a, b, rtol=rtol, atol=1e-12 if kind == "console" else 0)
+    assert ok.all(), frame.columns[~ok.all(axis=0)].tolist()
+    if kind == "console":
+        assert src.meta["logging_steps"] == LOGGING_STEPS
+
+
+def analyze_json(path: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "monitor.cli", "analyze", str(path), "--json"], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode in (0, 1, 3), proc.stderr
+    return json.loads(proc.stdout)["runs"][0]
+
+
+def test_analyze_gives_the_same_findings(run):
+    def findings(run_report):
+        return sorted((f["detector"], f["severity"], f["step"], f.get("onset_step"), f.get("variant"))
+                      for f in run_report["findings"])
+
+    reports = {kind: analyze_json(path) for kind, path in run.items()}
+    ref = reports["trainer_state"]
+    assert ref["judged_by"], ref  # enough logged points for detectors to judge: the comparison means something
+    for kind, report in reports.items():
+        assert report["steps"] == ref["steps"] == STEPS // LOGGING_STEPS, kind
+        assert findings(report) == findings(ref), kind
+        for field in ("verdict", "judged_by", "not_judged", "metrics_found"):
+            mine, theirs = report.get(field), ref.get(field)
+            if isinstance(theirs, list):  # a tracker may store the keys in another order
+                mine, theirs = sorted(mine or []), sorted(theirs)
+            assert mine == theirs, (kind, field)
+
+
+def test_torn_wandb_log_reads_what_came_before(run, tmp_path):
+    log = next(run["wandb"].glob("offline-run-*/run-*.wandb"))
+    data = log.read_bytes()
+    torn = tmp_path / "run-torn.wandb"
+    torn.write_bytes(data[: len(data) * 2 // 3])
+    src = load_source(torn)
+    assert src.format == "wandb" and 0 < len(src.steps) <= STEPS // LOGGING_STEPS
+    assert any("torn" in w for w in src.warnings)
+
+
+@pytest.mark.parametrize("name,data", [
+    ("run-x.wandb", b":W&B\xe1\xbe\x00" + b"\x07" * 100),
+    ("run-y.wandb", b":W&B"),
+    ("proj.db", b"SQLite format 3\x00" + b"\x00" * 200),
+])
+def test_broken_tracker_files_give_one_line(tmp_path, name, data):
+    p = tmp_path / name
+    p.write_bytes(data)
+    with pytest.raises(SourceError) as info:
+        load_source(p)
+    msg = str(info.value)
+    assert name in msg and "\n" not in msg
+
+
+def test_wandb_missing_names_the_extra(run, monkeypatch):
+    for name in ("wandb", "wandb.proto", "wandb.proto.wandb_internal_pb2"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if wandb were not installed
+    with pytest.raises(SourceError) as info:
+        load_source(next(run["wandb"].glob("offline-run-*/run-*.wandb")))
+    assert "grpo-monitor[trackers]" in str(info.value)
+
+
+def test_folders_lead_to_the_run(run):
+    assert load_source(run["trackio"].parent).format == "trackio"  # TRACKIO_DIR holding one project
+    latest = load_source(run["wandb"] / "latest-run")
+    assert latest.format == "wandb" and len(latest.steps) == STEPS // LOGGING_STEPS
+
+
+def test_wandb_falls_back_to_its_files(tmp_path):
+    run_dir = tmp_path / "wandb" / "offline-run-20260101_000000-abc"
+    (run_dir / "files").mkdir(parents=True)
+    (run_dir / "run-abc.wandb").write_bytes(b":W&B\xe1\xbe\x00" + b"\xff" * 50)  # corrupt from the first record
+    (run_dir / "files" / "wandb-summary.json").write_text(json.dumps({"train/reward": 0.5, "train/global_step": 40,
+                                                                     "_step": 7, "_runtime": 3.0}))
+    src = load_source(tmp_path / "wandb")
+    assert src.format == "wandb" and src.steps == [(40, {"reward": 0.5})]
+    assert any("final summary" in w for w in src.warnings)
+    (run_dir / "files" / "wandb-history.jsonl").write_text(
+        "".join(json.dumps({"train/reward": r, "train/global_step": s}) + "\n" for s, r in [(10, 0.1), (20, 0.2)]))
+    assert [s for s, _ in load_source(run_dir).steps] == [10, 20]
