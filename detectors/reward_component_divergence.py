@@ -133,8 +133,16 @@ class RewardComponentDivergence(EpisodeDetector):
         """A cheap pre-check on the latest values: is any component at least half-way to a rise,
         or long pinned at its ceiling?"""
         last = self.clock._steps[-1] if self.clock._steps else 0
-        if any(last - s >= self.saturated_steps // 2 and n not in self._length_named for n, s in self._sat_since.items()):
-            return True
+        cw = self.correct.window.values
+        c_now = abs(cw[-1]) if cw else 0.0
+        for n, s in self._sat_since.items():
+            if last - s < self.saturated_steps // 2 or n in self._length_named:
+                continue
+            # _saturated needs correctness near zero against the component (its window peak at most
+            # 0.4 of the component's recent level, which is at most its running maximum): the latest
+            # correctness value alone rules most steps out, without the trend test.
+            if c_now <= 0.4 * abs(self._max.get(n, 0.0)):
+                return True
         for name, track in self.components.items():
             b = track.baseline.value
             if b is None or name in self._length_named or not track.window.values:
