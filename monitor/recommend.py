@@ -49,6 +49,22 @@ def python_kwargs(overrides: Mapping[str, Any]) -> str:
     return "GRPOConfig(..., " + ", ".join(f"{k}={v!r}" for k, v in overrides.items()) + ")"
 
 
+def _record(finding: Mapping[str, Any], variant: str, diff: dict[str, Any], extra: dict[str, Any],
+            reasons: list[str]) -> dict[str, Any]:
+    """A recommendation record: the diff as overrides, CLI flags and Python keywords, and why."""
+    return {
+        "type": "recommendation",
+        "step": finding.get("step"),
+        "variant": variant,
+        "detector": finding.get("detector"),
+        "config_overrides": diff,
+        "cli_flags": cli_flags(diff),
+        "python": python_kwargs(diff),
+        "extra": extra,
+        "reasons": reasons,
+    }
+
+
 def recommend(
     finding: Mapping[str, Any],
     config: Mapping[str, Any] | None = None,
@@ -88,17 +104,7 @@ def recommend(
             f"with off-policy steps: steps_per_generation={4 * ga}"
         )
     advice = EXTRA_ADVICE.get(variant, {})
-    return {
-        "type": "recommendation",
-        "step": finding.get("step"),
-        "variant": variant,
-        "detector": finding.get("detector"),
-        "config_overrides": diff,
-        "cli_flags": cli_flags(diff),
-        "python": python_kwargs(diff),
-        "extra": dict(advice),
-        "reasons": reasons,
-    }
+    return _record(finding, variant, diff, dict(advice), reasons)
 
 
 # --- train-inference mismatch ---------------------------------------------------------------------
@@ -152,17 +158,7 @@ def _mismatch_recommendation(
     extra = dict(MISMATCH_ADVICE)
     if is_moe:
         extra["routing"] = MISMATCH_MOE_ADVICE
-    return {
-        "type": "recommendation",
-        "step": finding.get("step"),
-        "variant": variant,
-        "detector": finding.get("detector"),
-        "config_overrides": diff,
-        "cli_flags": cli_flags(diff),
-        "python": python_kwargs(diff),
-        "extra": extra,
-        "reasons": reasons,
-    }
+    return _record(finding, variant, diff, extra, reasons)
 
 
 # --- a collapse: the run's own settings, resumed before the onset with a lower learning rate ----------
@@ -194,17 +190,8 @@ def _lower_lr_recommendation(
     diff = config_diff(overrides, config)
     if not diff:
         return None
-    return {
-        "type": "recommendation",
-        "step": finding.get("step"),
-        "variant": variant,
-        "detector": finding.get("detector"),
-        "config_overrides": diff,
-        "cli_flags": cli_flags(diff),
-        "python": python_kwargs(diff),
-        "extra": {"resume": f"from the newest checkpoint saved before step {finding.get('onset_step')}"},
-        "reasons": reasons,
-    }
+    return _record(finding, variant, diff,
+                   {"resume": f"from the newest checkpoint saved before step {finding.get('onset_step')}"}, reasons)
 
 
 class Recommender:
