@@ -639,7 +639,7 @@ def analyze(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], de
     report = Report([])
     for p, how in expand_paths(paths):
         try:
-            report.runs.extend(analyze_run(p, detectors, logging_steps, mapping))
+            report.runs.extend(_runs_of(p, how, report, detectors, logging_steps, mapping))
         except SourceError as exc:
             if how == "given":
                 raise
@@ -648,6 +648,17 @@ def analyze(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], de
             else:
                 report.errors.append((p, str(exc)))
     return report
+
+
+def _runs_of(p: str, how: str, report: Report, detectors: Sequence[Any] | None, logging_steps: int | None,
+             mapping: Any) -> list[RunReport]:
+    """The runs of one path; a loose file in a folder that holds fewer than two logged steps (a README
+    whose table happens to parse) is listed as skipped, not as a run nobody could judge."""
+    runs = analyze_run(p, detectors, logging_steps, mapping)
+    if how == "loose" and all(r.steps < 2 for r in runs):
+        report.skipped.append((p, "fewer than two logged steps: not a training log"))
+        return []
+    return runs
 
 
 def expand_paths(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, str]]:
@@ -878,7 +889,7 @@ def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = 
     report = Report([])
     for p, how in expand_paths(paths):
         try:
-            report.runs.extend(analyze_run(p, logging_steps=logging_steps, mapping=columns))
+            report.runs.extend(_runs_of(p, how, report, None, logging_steps, columns))
         except SourceError as exc:
             if how == "loose":
                 report.skipped.append((p, str(exc)))

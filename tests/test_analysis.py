@@ -210,3 +210,16 @@ def test_dashboard_says_it_cannot_judge_a_run_it_cannot_see(tmp_path):
 
     assert "CANNOT JUDGE" in asyncio.run(header_text(blind))
     assert "CANNOT JUDGE" not in asyncio.run(header_text(seen))
+
+
+def test_a_loose_note_in_a_folder_of_runs_is_skipped_not_judged(tmp_path):
+    """A README beside the logs whose one line happens to parse as a step is not a run."""
+    import monitor
+
+    rows = ["step,reward,entropy,completions/mean_length"] + [f"{s},{0.5 + 0.001 * s},{1.0 - 0.001 * s},100" for s in range(1, 41)]
+    (tmp_path / "history.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "NOTES.md").write_text("# notes\n\nstep 3 loss=0.1 reward=0.2\n")
+    report = monitor.analyze(tmp_path)
+    assert [r.steps for r in report.runs] == [40]
+    assert [p.endswith("NOTES.md") for p, _ in report.skipped] == [True]
+    assert "not a training log" in report.skipped[0][1]
