@@ -22,14 +22,20 @@ pytest.importorskip("trackio")
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, LOGGING_STEPS = 24, 2
 
+# A reward that pays every completion alike: no group has a spread, so the run raises a finding
+# (no learning signal) whatever the trajectory, and the readers must agree on a finding, not on silence.
 SCRIPT = f"""
 import sys
 from monitor.demo import build_trainer, demo_config
 
+
+def flat_reward(completions, **kwargs):
+    return [0.0 for _ in completions]
+
 args = demo_config(sys.argv[1], {STEPS}, report_to=["wandb", "trackio"], disable_tqdm=False,
                    logging_steps={LOGGING_STEPS}, save_strategy="steps", save_steps={STEPS // 2},
                    project="console-check", run_name="console-check")
-build_trainer(args).train()
+build_trainer(args, reward_funcs=[flat_reward]).train()
 """
 
 
@@ -92,6 +98,7 @@ def test_analyze_gives_the_same_findings(run):
     reports = {kind: analyze_json(path) for kind, path in run.items()}
     ref = reports["trainer_state"]
     assert ref["judged_by"], ref  # enough logged points for detectors to judge: the comparison means something
+    assert "no_learning_signal" in {f["detector"] for f in ref["findings"]}, ref["findings"]
     for kind, report in reports.items():
         assert report["steps"] == ref["steps"] == STEPS // LOGGING_STEPS, kind
         assert findings(report) == findings(ref), kind
