@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import stamp, update_section  # noqa: E402
-from benchmarks.timer import Timer  # noqa: E402
+from benchmarks.timer import Timer, step_clock  # noqa: E402
 
 WARMUP = 3
 
@@ -71,13 +71,6 @@ def one_run(url: str | None, steps: int, seed: int) -> tuple[float, float, float
     from fixtures.tiny import REWARD_FUNCS, build_dataset, build_model, build_tokenizer
     from monitor.engine import default_detectors
 
-    class StepClock(TrainerCallback):
-        def __init__(self):
-            self.marks = []
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.marks.append(time.perf_counter())
-
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(output_dir=str(Path(tmp) / "out"), bf16=False, use_cpu=True, use_vllm=False, logging_steps=1,
@@ -92,7 +85,7 @@ def one_run(url: str | None, steps: int, seed: int) -> tuple[float, float, float
         monitor_cb = attach(trainer, Path(tmp) / "run", detectors=[*default_detectors(), probe_detector()], **options)
         timer = Timer()
         timer.wrap_callback(monitor_cb)
-        clock = StepClock()
+        clock = step_clock()
         trainer.add_callback(clock)
         alerts_timer = Timer()
         collected: list[float] = []  # start times of dispatcher calls during which the collector ran

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import stamp, update_section  # noqa: E402
-from benchmarks.timer import Timer  # noqa: E402
+from benchmarks.timer import Timer, step_clock  # noqa: E402
 
 WARMUP = 5
 
@@ -30,18 +30,10 @@ def one_run(with_monitor: bool, steps: int, seed: int) -> tuple[float, float, fl
     """Mean step time, and per step: time inside the monitor's callbacks, time inside the
     (wrapped, on both sides) reward functions."""
     import transformers
-    from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from callbacks import attach
     from monitor.demo import build_trainer, demo_config
-
-    class StepClock(TrainerCallback):
-        def __init__(self):
-            self.marks = []
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.marks.append(time.perf_counter())
 
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,7 +49,7 @@ def one_run(with_monitor: bool, steps: int, seed: int) -> tuple[float, float, fl
             callbacks.wrap_callback(monitor_cb)
         # The same outer wrapper on both sides: the reward tap's own cost shows in the difference.
         trainer.reward_funcs = [rewards.wrap(f) for f in trainer.reward_funcs]
-        clock = StepClock()
+        clock = step_clock()
         trainer.add_callback(clock)  # after the monitor, so each mark includes the monitor's own work
         trainer.train()
     marks = clock.marks
