@@ -631,22 +631,40 @@ def analyze(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], de
     raises ``monitor.sources.SourceError`` for a path given that cannot be read (a run inside a
     folder that cannot be read is listed in ``Report.errors``). ``mapping`` maps the log's column
     names onto the monitor's (``{"score_mean": "reward"}``)."""
-    from monitor.sources import SourceError
-
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    mapping = parse_mapping(mapping)
+    return _analyze_all(paths, detectors, logging_steps, parse_mapping(mapping))
+
+
+def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[Any] | None, logging_steps: int | None,
+                 mapping: Any, say: Any = None) -> Report:
+    """Every run under ``paths``: a loose file that does not read is skipped, a run found beneath that
+    does not read is listed in ``Report.errors``, a path given that does not read raises SourceError.
+    With ``say`` (the CLI), each unreadable run's line goes to it first, and any other exception
+    counts as unreadable input too: never a traceback."""
+    from monitor.sources import SourceError
+
     report = Report([])
     for p, how in expand_paths(paths):
         try:
             report.runs.extend(_runs_of(p, how, report, detectors, logging_steps, mapping))
         except SourceError as exc:
-            if how == "given":
-                raise
             if how == "loose":
                 report.skipped.append((p, str(exc)))
-            else:
-                report.errors.append((p, str(exc)))
+                continue
+            if say is not None:
+                say(str(exc))
+            if how == "given":
+                raise
+            report.errors.append((p, str(exc)))
+        except Exception as exc:
+            if say is None:
+                raise
+            line = f"{p}: cannot analyse ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            say(line)
+            if how == "given":
+                raise SourceError(None, line) from exc
+            report.errors.append((p, f"cannot analyse ({type(exc).__name__})"))
     return report
 
 
@@ -886,24 +904,11 @@ def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = 
     except ValueError as exc:
         print(f"grpo-monitor: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    report = Report([])
-    for p, how in expand_paths(paths):
-        try:
-            report.runs.extend(_runs_of(p, how, report, None, logging_steps, columns))
-        except SourceError as exc:
-            if how == "loose":
-                report.skipped.append((p, str(exc)))
-                continue
-            print(f"grpo-monitor: {exc}", file=sys.stderr)
-            if how == "given":
-                return EXIT_BAD_INPUT
-            report.errors.append((p, str(exc)))
-        except Exception as exc:  # never a traceback for input we could not handle
-            print(f"grpo-monitor: {p}: cannot analyse ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
-                  file=sys.stderr)
-            if how == "given":
-                return EXIT_BAD_INPUT
-            report.errors.append((p, f"cannot analyse ({type(exc).__name__})"))
+    try:
+        report = _analyze_all(paths, None, logging_steps, columns,
+                          say=lambda line: print(f"grpo-monitor: {line}", file=sys.stderr))
+    except SourceError:  # a path given that cannot be read: its line is out already
+        return EXIT_BAD_INPUT
     if not report.runs and not report.errors:
         print(f"grpo-monitor: {', '.join(map(str, paths))}: no run could be read", file=sys.stderr)
         return EXIT_BAD_INPUT
