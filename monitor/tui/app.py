@@ -17,6 +17,7 @@ from typing import Any
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
@@ -182,7 +183,11 @@ class DashboardScreen(Screen[None]):
     def apply(self, changed: set[str], status: str, role: str) -> None:
         """Fold a batch's changes into the panels; panels not on screen are redrawn when shown."""
         model = self.model
-        self.query_one(RunHeader).show(model, status, role)
+        try:
+            header = self.query_one(RunHeader)
+        except NoMatches:  # the app is closing: a batch the reader posted late has nothing to draw on
+            return
+        header.show(model, status, role)
         affected: set[str] = set()
         if changed & {"steps", "rewind", "findings", "header"}:
             affected.add("overview")
