@@ -41,7 +41,7 @@ def silent_server() -> tuple[socket.socket, str]:
 
 
 def probe_detector():
-    from detectors.base import Detector, Finding
+    from grpo_monitor.detectors.base import Detector, Finding
 
     class EveryStep(Detector):
         """A new warning at every step (each its own episode): the most alert traffic a run makes."""
@@ -67,9 +67,9 @@ def one_run(url: str | None, steps: int, seed: int) -> tuple[float, float, float
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from callbacks import attach
-    from fixtures.tiny import REWARD_FUNCS, build_dataset, build_model, build_tokenizer
-    from monitor.engine import default_detectors
+    from grpo_monitor.callbacks import attach
+    from grpo_monitor.fixtures.tiny import REWARD_FUNCS, build_dataset, build_model, build_tokenizer
+    from grpo_monitor.monitor.engine import default_detectors
 
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,7 +127,7 @@ def one_run(url: str | None, steps: int, seed: int) -> tuple[float, float, float
 
 def dispatcher_cost(n: int = 20000) -> float:
     """Seconds per ``on_step`` with one new finding, the webhook sender stuck on a silent server."""
-    from monitor.alerts import AlertDispatcher, WebhookSender
+    from grpo_monitor.monitor.alerts import AlertDispatcher, WebhookSender
 
     sock, url = silent_server()
     d = AlertDispatcher([], WebhookSender(url, burst=10 ** 9, per_minute=1e9, timeout=5.0), flush_timeout=0.1)

@@ -148,7 +148,7 @@ def task_dataset(n: int, seed: int) -> Any:
     from datasets import Dataset
     from datasets.table import InMemoryTable
 
-    from fixtures.tiny import task_rows
+    from grpo_monitor.fixtures.tiny import task_rows
 
     rows = task_rows(n, seed)
     table = InMemoryTable.from_pydict({k: [r[k] for r in rows] for k in rows[0]})
@@ -163,9 +163,9 @@ def one_run(name: str, spec: dict[str, Any], shape: dict[str, Any], arm: str, st
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from callbacks import attach
-    from fixtures.tiny import REWARD_FUNCS, build_tokenizer
-    from monitor.demo import demo_settings
+    from grpo_monitor.callbacks import attach
+    from grpo_monitor.fixtures.tiny import REWARD_FUNCS, build_tokenizer
+    from grpo_monitor.monitor.demo import demo_settings
 
     cuda = device.startswith("cuda")
     with_monitor = arm != "without"
@@ -235,7 +235,7 @@ def one_run(name: str, spec: dict[str, Any], shape: dict[str, Any], arm: str, st
 
 def monitor_facts(monitor_cb: Any, run_dir: Path, router_tap: bool) -> dict[str, Any]:
     """What the monitor recorded: proof that it did its work (router tap included) and caught no fault."""
-    from monitor.runlog import read_run
+    from grpo_monitor.monitor.runlog import read_run
 
     run = read_run(run_dir)
     last = run.steps[-1]["metrics"] if run.steps else {}
@@ -623,8 +623,8 @@ def main() -> int:
         (x @ x).sum().item()
     import trl  # noqa: F401  - imported here, not inside the first run's set-up time
 
-    import callbacks  # noqa: F401
-    import detectors  # noqa: F401
+    from grpo_monitor import callbacks  # noqa: F401
+    from grpo_monitor import detectors  # noqa: F401
 
     env = environment(opts.device)
     log("env: " + ", ".join(f"{k} {v}" for k, v in env.items() if k != "stamp"))

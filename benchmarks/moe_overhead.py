@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from callbacks.router_tap import RouterTap  # noqa: E402
+from grpo_monitor.callbacks.router_tap import RouterTap  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- moe_overhead:begin -->", "<!-- moe_overhead:end -->"

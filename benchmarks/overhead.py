@@ -32,8 +32,8 @@ def one_run(with_monitor: bool, steps: int, seed: int) -> tuple[float, float, fl
     import transformers
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from callbacks import attach
-    from monitor.demo import build_trainer, demo_config
+    from grpo_monitor.callbacks import attach
+    from grpo_monitor.monitor.demo import build_trainer, demo_config
 
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:

@@ -160,7 +160,7 @@ def trl_logs(step: int, lengths: list[int], clipped: list[bool], acc: list[float
 def worker(shape: str, steps: int, run_dir: Path, out: Path, sample_text: str, model_step: float) -> None:
     import torch.nn as nn
 
-    import callbacks.reward_tap as reward_tap
+    import grpo_monitor.callbacks.reward_tap as reward_tap
 
     rank, world = 0, 1
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
@@ -168,7 +168,7 @@ def worker(shape: str, steps: int, run_dir: Path, out: Path, sample_text: str, m
 
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
-    from callbacks.monitor_callback import MonitorCallback
+    from grpo_monitor.callbacks.monitor_callback import MonitorCallback
 
     measured = reward_tap.text_signals
     background: list[float] = []

@@ -7,7 +7,7 @@ Each measurement runs in its own process, so its peak RSS is its own:
   from process start (imports included) to the first screen (the overview chart drawn with every
   step), to everything on disk indexed, and then, for several steps across the run, from asking
   for a step's samples (the samples panel filtered to that step) to its rows on screen.
-- analyze: `python -m monitor analyze RUN`, wall time and peak RSS.
+- analyze: `python -m grpo_monitor analyze RUN`, wall time and peak RSS.
 
     python benchmarks/scale.py --shapes L --ranks 1 --steps 300 --keep-run /tmp/scale-L-run
     python benchmarks/scale_readers.py /tmp/scale-L-run
@@ -41,9 +41,9 @@ def watch_child(run: str) -> None:
 
     from textual.widgets import DataTable
 
-    from monitor.runlog import read_run
-    from monitor.tui import WatchApp
-    from monitor.tui.widgets.chart import LineChart
+    from grpo_monitor.monitor.runlog import read_run
+    from grpo_monitor.monitor.tui import WatchApp
+    from grpo_monitor.monitor.tui.widgets.chart import LineChart
 
     n_steps = len(read_run(run, samples=False).steps)
     out: dict[str, float | list[float]] = {}
@@ -98,7 +98,7 @@ def main() -> None:
     size = sum(p.stat().st_size for p in run.iterdir() if p.is_file())
     n_samples = sum(1 for p in run.glob("samples.rank*.jsonl") for _ in open(p, "rb"))
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "monitor", "analyze", str(run)], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "grpo_monitor", "analyze", str(run)], capture_output=True, text=True, cwd=ROOT)
     analyze_s = time.perf_counter() - t
     analyze_rss = peak_rss_mb(resource.RUSAGE_CHILDREN)  # the only child so far: analyze
     if proc.returncode not in (0, 1):

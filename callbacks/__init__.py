@@ -1,6 +1,6 @@
 """The training-side integration of grpo-monitor: attach it to a TRL trainer in one call.
 
-    from callbacks import attach
+    from grpo_monitor.callbacks import attach
     attach(trainer)
 """
 
@@ -9,8 +9,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the training integration needs the 'train' extra: pip install 'grpo-monitor[train]'") from exc
 
-from callbacks.attach import attach
-from callbacks.monitor_callback import MonitorCallback
-from callbacks.reward_tap import SampleRetention
+from grpo_monitor.callbacks.attach import attach
+from grpo_monitor.callbacks.monitor_callback import MonitorCallback
+from grpo_monitor.callbacks.reward_tap import SampleRetention
 
 __all__ = ["MonitorCallback", "SampleRetention", "attach"]

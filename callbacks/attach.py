@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from callbacks.monitor_callback import MonitorCallback
+from grpo_monitor.callbacks.monitor_callback import MonitorCallback
 
 logger = logging.getLogger("grpo_monitor")
 
@@ -17,7 +17,7 @@ def default_run_dir(trainer: Any) -> Path:
 
 
 def _check_overrides_applied(args: Any, overrides: dict[str, Any]) -> None:
-    from monitor.recommend import _same
+    from grpo_monitor.monitor.recommend import _same
 
     missing = {k: v for k, v in overrides.items() if k != "output_dir" and not _same(getattr(args, k, None), v)}
     if missing:
@@ -66,7 +66,7 @@ def attach(
     >>> monitor_cb = attach(trainer)          # doctest: +SKIP
     >>> trainer.train()                       # doctest: +SKIP
     """
-    from monitor.restart import env_state
+    from grpo_monitor.monitor.restart import env_state
 
     for cb in getattr(trainer.callback_handler, "callbacks", []):
         if isinstance(cb, MonitorCallback):
@@ -86,12 +86,12 @@ def attach(
         _check_overrides_applied(trainer.args, supervised["overrides"])
     options.setdefault("parent_run", supervised["parent_run"])
     if require_reward_gate:
-        from monitor.preflight.reward_gate import require_gate
+        from grpo_monitor.monitor.preflight.reward_gate import require_gate
 
         # Every rank checks, so all of them refuse together.
         logger.info("grpo-monitor: %s", require_gate(trainer, directory, gate_min_agreement))
     if "alerts" in options or any(k.startswith("alerts_") for k in options):
-        from monitor.alerts import AlertOptions
+        from grpo_monitor.monitor.alerts import AlertOptions
 
         # Checked here, so a mistyped option fails at attach time rather than as a warning mid-run.
         options["alerts"] = AlertOptions.of({k: options.pop(k) for k in list(options) if k == "alerts" or k.startswith("alerts_")})

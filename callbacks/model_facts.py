@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor.model_config import VLM_HINTS, moe_facts
+from grpo_monitor.monitor.model_config import VLM_HINTS, moe_facts
 
 
 def model_facts(model: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import math
 import re
 from typing import Any
 
-from monitor.model_config import config_value, first_int, moe_facts, text_config  # noqa: F401  (moe_facts: public here too)
+from grpo_monitor.monitor.model_config import config_value, first_int, moe_facts, text_config  # noqa: F401  (moe_facts: public here too)
 
 # Routing distributions (what the router's entropy and flip rate are measured on):
 #   "softmax"       softmax over all experts (Qwen2/3-MoE, Mixtral, OLMoE and most top-k routers);

@@ -22,8 +22,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from callbacks.model_facts import model_facts
-from callbacks.reward_tap import (
+from grpo_monitor.callbacks.model_facts import model_facts
+from grpo_monitor.callbacks.reward_tap import (
     _CORRECT_HINTS,
     _FORMAT_HINTS,
     RewardTap,
@@ -33,13 +33,13 @@ from callbacks.reward_tap import (
     pack_samples,
     unpack_samples,
 )
-from detectors.base import Detector, RunContext
-from monitor.alerts import build_dispatcher, redact
-from monitor.engine import Engine
-from monitor.memory import system_metrics
-from monitor.metrics import SUMMARY_KEYS, normalize_metrics
-from monitor.recommend import Recommender
-from monitor.runlog import RunWriter, _jsonable, batch_index
+from grpo_monitor.detectors.base import Detector, RunContext
+from grpo_monitor.monitor.alerts import build_dispatcher, redact
+from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.monitor.memory import system_metrics
+from grpo_monitor.monitor.metrics import SUMMARY_KEYS, normalize_metrics
+from grpo_monitor.monitor.recommend import Recommender
+from grpo_monitor.monitor.runlog import RunWriter, _jsonable, batch_index
 
 logger = logging.getLogger("grpo_monitor")
 # Detector states as TensorBoard scalars: a flat line at 0 is healthy.
@@ -98,7 +98,7 @@ class MonitorCallback(TrainerCallback):
         lineage_root: str | os.PathLike[str] | None = None,
         alerts: Any = None,
     ) -> None:
-        from monitor.restart import RESTART_FROM
+        from grpo_monitor.monitor.restart import RESTART_FROM
 
         if restart_from not in RESTART_FROM:
             raise ValueError(f"restart_from must be one of {RESTART_FROM}, got {restart_from!r}")
@@ -206,7 +206,7 @@ class MonitorCallback(TrainerCallback):
 
     def _reapply_learning_rate(self, args: Any, kwargs: dict[str, Any]) -> None:
         # Resumed from a checkpoint, the optimizer and scheduler came back at their saved rates.
-        from monitor.restart import reapply_learning_rate
+        from grpo_monitor.monitor.restart import reapply_learning_rate
 
         if reapply_learning_rate(kwargs.get("optimizer"), kwargs.get("lr_scheduler"), float(args.learning_rate)):
             logger.warning("grpo-monitor: resumed at learning_rate=%g (the checkpoint's optimizer had its old rate)",
@@ -255,14 +255,14 @@ class MonitorCallback(TrainerCallback):
             self._guard("router tap", self._install_router_tap, model)
 
     def _lint(self, state: Any) -> list[Any]:
-        from monitor.lint import lint_trainer
+        from grpo_monitor.monitor.lint import lint_trainer
 
         return lint_trainer(self.trainer, first_run=not self.parent_run and int(state.global_step) == 0)
 
     def _install_router_tap(self, model: Any) -> None:
         if not self.use_router_tap:
             return
-        from callbacks.router_tap import RouterTap
+        from grpo_monitor.callbacks.router_tap import RouterTap
 
         tap = RouterTap.for_model(model, probe_every=self.moe_probe_every)
         if tap is None:
@@ -398,7 +398,7 @@ class MonitorCallback(TrainerCallback):
         control.should_training_stop = True
         control.should_save = True  # checkpoint at the stop; every checkpoint is kept
         if state.is_world_process_zero:
-            from monitor.restart import write_plan
+            from grpo_monitor.monitor.restart import write_plan
 
             write_plan(self.run_dir, plan)
             if self.writer is not None:
@@ -409,7 +409,7 @@ class MonitorCallback(TrainerCallback):
                            plan.step, plan.variant, plan.config_overrides, plan.resume_from or "the initial model")
 
     def _decide(self, args: Any, state: Any, findings: list[Any]) -> Any:
-        from monitor.recommend import recommend
+        from grpo_monitor.monitor.recommend import recommend
 
         if self.restarts_done >= self.max_restarts:
             return None
@@ -420,8 +420,8 @@ class MonitorCallback(TrainerCallback):
         return None
 
     def _plan(self, args: Any, state: Any, finding: Any, rec: dict[str, Any]) -> Any:
-        from monitor.catalogue import validate
-        from monitor.restart import RestartPlan, choose_checkpoint, segment_dir
+        from grpo_monitor.monitor.catalogue import validate
+        from grpo_monitor.monitor.restart import RestartPlan, choose_checkpoint, segment_dir
 
         diff = validate(rec["config_overrides"])
         nxt = self.segment + 1

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from detectors.signals import TOP_WORD_RECORDED, repeated_ngram_share, sample_reward, text_hash, top_word_share
-from monitor.metrics import to_value
+from grpo_monitor.detectors.signals import TOP_WORD_RECORDED, repeated_ngram_share, sample_reward, text_hash, top_word_share
+from grpo_monitor.monitor.metrics import to_value
 
 _CORRECT_HINTS = ("correct", "accuracy", "acc_", "exact_match", "_acc")
 _FORMAT_HINTS = ("format", "xml", "schema", "tag")

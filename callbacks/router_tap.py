@@ -75,7 +75,7 @@ from typing import Any
 
 import torch
 
-from callbacks.moe_models import RouterSpec, find_routers, moe_facts
+from grpo_monitor.callbacks.moe_models import RouterSpec, find_routers, moe_facts
 
 __all__ = ["RouterTap", "moe_facts", "find_routers", "RouterSpec"]
 

@@ -12,9 +12,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
-from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import (
+from grpo_monitor.detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.signals import (
     CorrectnessSource,
     EntropyTrack,
     LevelTrack,
@@ -25,8 +25,8 @@ from detectors.signals import (
     sample_length,
     sample_tail_repetition,
 )
-from detectors.stats import fin, mann_kendall, median
-from detectors.variants import EXTRA_ADVICE
+from grpo_monitor.detectors.stats import fin, mann_kendall, median
+from grpo_monitor.detectors.variants import EXTRA_ADVICE
 
 
 def long_completion_repetition(samples: Sequence[Sample], max_samples: int = 256, max_long: int = 8) -> float | None:

@@ -13,10 +13,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detectors.base import Metrics, Sample
-from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import CorrectnessSource, EntropyTrack, duplicate_key, get, groups_of
-from detectors.stats import Window, fin, mann_kendall, median
+from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, duplicate_key, get, groups_of
+from grpo_monitor.detectors.stats import Window, fin, mann_kendall, median
 
 
 def duplicate_share(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:

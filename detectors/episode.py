@@ -12,10 +12,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detectors.base import Detector, Finding, Metrics, Sample
-from detectors.signals import StepClock
-from detectors.stats import tidy
-from detectors.variants import preset
+from grpo_monitor.detectors.base import Detector, Finding, Metrics, Sample
+from grpo_monitor.detectors.signals import StepClock
+from grpo_monitor.detectors.stats import tidy
+from grpo_monitor.detectors.variants import preset
 
 STATES = ("warming_up", "ok", "warning", "critical")
 

@@ -13,9 +13,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detectors.base import Metrics, Sample, finite
-from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import (
+from grpo_monitor.detectors.base import Metrics, Sample, finite
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.signals import (
     CorrectnessSource,
     EntropyTrack,
     LevelTrack,
@@ -25,7 +25,7 @@ from detectors.signals import (
     sample_length,
     sample_reward,
 )
-from detectors.stats import (
+from grpo_monitor.detectors.stats import (
     Window,
     fin,
     mann_kendall,

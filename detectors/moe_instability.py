@@ -13,9 +13,9 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
-from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.stats import Window, fin, mad_sigma, median, quantile
+from grpo_monitor.detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.stats import Window, fin, mad_sigma, median, quantile
 
 
 class _Baselined:

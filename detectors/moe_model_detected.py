@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detectors.base import Detector, Finding, Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
-from detectors.moe_instability import MoeSighting
-from detectors.variants import preset
+from grpo_monitor.detectors.base import Detector, Finding, Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
+from grpo_monitor.detectors.moe_instability import MoeSighting
+from grpo_monitor.detectors.variants import preset
 
 
 class MoeModelDetected(Detector):

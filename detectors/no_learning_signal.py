@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detectors.base import Metrics, Sample
-from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import EntropyTrack, get
-from detectors.stats import Window, fin
-from detectors.sudden_collapse import REMEDY, lowered_learning_rate
+from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.signals import EntropyTrack, get
+from grpo_monitor.detectors.stats import Window, fin
+from grpo_monitor.detectors.sudden_collapse import REMEDY, lowered_learning_rate
 
 
 class NoLearningSignal(EpisodeDetector):

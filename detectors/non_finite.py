@@ -11,8 +11,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detectors.base import Metrics, Sample
-from detectors.episode import Assessment, EpisodeDetector, check_int
+from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_int
 
 WATCHED = ("loss", "grad_norm", "entropy", "reward", "reward_std", "kl", "policy_loss", "aux_loss")
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
-from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import (
+from grpo_monitor.detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.signals import (
     CorrectnessSource,
     LevelTrack,
     get,
@@ -21,7 +21,7 @@ from detectors.signals import (
     resolve_correctness,
     reward_names_in,
 )
-from detectors.stats import fin, mann_kendall
+from grpo_monitor.detectors.stats import fin, mann_kendall
 
 
 # A component's recent level at this share of its running maximum counts as at its ceiling.

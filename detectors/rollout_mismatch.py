@@ -25,10 +25,10 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from detectors.base import Metrics, Sample
-from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import get
-from detectors.stats import Window, fin, mad_sigma, mann_kendall, median
+from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.signals import get
+from grpo_monitor.detectors.stats import Window, fin, mad_sigma, mann_kendall, median
 
 # Drift series, best first within a kind: (metric, kind, transform). ``quadratic`` kinds (KL
 # estimates) grow as the square of a log-prob gap, so they need ``rise_ratio``; ``linear`` kinds

@@ -18,8 +18,8 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from detectors.base import RunContext, finite
-from detectors.stats import SettledBaseline, Window, log_ratio, mad_sigma, median
+from grpo_monitor.detectors.base import RunContext, finite
+from grpo_monitor.detectors.stats import SettledBaseline, Window, log_ratio, mad_sigma, median
 
 _CORRECT_HINT = re.compile(r"correct|accura|(^|[^a-z])acc([^a-z]|$)|exact|match", re.IGNORECASE)
 _FORMAT_HINT = re.compile(r"format|xml|tag|schema|struct", re.IGNORECASE)

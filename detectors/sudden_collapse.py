@@ -22,10 +22,10 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detectors.base import Metrics, Sample
-from detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from detectors.signals import fair_sample, get, sample_top_word_share
-from detectors.stats import Window, fin, median
+from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.signals import fair_sample, get, sample_top_word_share
+from grpo_monitor.detectors.stats import Window, fin, median
 
 # What the recommendation calls the change (not a GRPO variant: the run's own settings, resumed earlier).
 REMEDY = "lower_learning_rate"

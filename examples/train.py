@@ -29,9 +29,9 @@ def main() -> None:
     from transformers import HfArgumentParser
     from trl import GRPOConfig
 
-    from callbacks import attach
-    from monitor.demo import SCENARIOS, build_scenario_trainer, demo_settings
-    from monitor.restart import patched_args
+    from grpo_monitor import attach
+    from grpo_monitor.monitor.demo import SCENARIOS, build_scenario_trainer, demo_settings
+    from grpo_monitor.monitor.restart import patched_args
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     transformers.logging.set_verbosity_error()

@@ -1,9 +1,9 @@
 """grpo-monitor: training-time diagnostics and variant recommendations for GRPO runs.
 
-``import monitor`` stays light (numpy, pandas on demand): the TRL integration and the dashboard
+``import grpo_monitor`` stays light (numpy, pandas on demand): the TRL integration and the dashboard
 load only when used.
 
->>> import monitor
+>>> from grpo_monitor import monitor
 >>> sorted(monitor.__all__)[:3]
 ['Engine', 'Finding', 'RunContext']
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.base import Finding, RunContext
-from monitor.engine import Engine
-from monitor.runlog import RunLog, RunLogError, read_run
+from grpo_monitor.detectors.base import Finding, RunContext
+from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.monitor.runlog import RunLog, RunLogError, read_run
 
 __version__ = "0.1.0"
 
@@ -35,7 +35,7 @@ __all__ = [
 
 def attach(trainer: Any, run_dir: Any = None, **options: Any) -> Any:
     """Attach the monitor to a TRL ``GRPOTrainer``; see ``callbacks.attach``."""
-    from callbacks import attach as _attach
+    from grpo_monitor.callbacks import attach as _attach
 
     return _attach(trainer, run_dir, **options)
 
@@ -48,9 +48,9 @@ def load_run(path: Any, logging_steps: int | None = None, mapping: Any = None):
     A run directory that was restarted gives all its segments, one after the other, with a
     ``segment`` column (0 for the first).
     """
-    from monitor.restart import lineage_dirs
-    from monitor.runlog import is_run_dir
-    from monitor.runlog import load_run as _load_run_dir
+    from grpo_monitor.monitor.restart import lineage_dirs
+    from grpo_monitor.monitor.runlog import is_run_dir
+    from grpo_monitor.monitor.runlog import load_run as _load_run_dir
 
     if is_run_dir(path):
         dirs = lineage_dirs(path)
@@ -61,25 +61,25 @@ def load_run(path: Any, logging_steps: int | None = None, mapping: Any = None):
 
             frame = pd.concat([_load_run_dir(d).assign(segment=i) for i, d in enumerate(dirs)])
         if mapping:
-            from monitor.analysis import parse_mapping
+            from grpo_monitor.monitor.analysis import parse_mapping
 
             frame = frame.rename(columns=parse_mapping(mapping))
         return frame
-    from monitor.analysis import parse_mapping, prepare
-    from monitor.sources import load_source
+    from grpo_monitor.monitor.analysis import parse_mapping, prepare
+    from grpo_monitor.monitor.sources import load_source
 
     return prepare(load_source(path, logging_steps=logging_steps), parse_mapping(mapping)).frame()
 
 
 def analyze(path: Any, **options: Any) -> Any:
     """Replay the detectors over a finished run and return its report."""
-    from monitor.analysis import analyze as _analyze
+    from grpo_monitor.monitor.analysis import analyze as _analyze
 
     return _analyze(path, **options)
 
 
 def run_with_restarts(make_trainer: Any, args: Any, **options: Any) -> Any:
     """Train with auto-restart into the recommended variant; see ``monitor.lineage.run_with_restarts``."""
-    from monitor.lineage import run_with_restarts as _run
+    from grpo_monitor.monitor.lineage import run_with_restarts as _run
 
     return _run(make_trainer, args, **options)

@@ -1,5 +1,5 @@
 import sys
 
-from monitor.cli import main
+from grpo_monitor.monitor.cli import main
 
 sys.exit(main())

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detectors.base import Finding
-from monitor.engine import Engine
-from monitor.recommend import Recommender
+from grpo_monitor.detectors.base import Finding
+from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.monitor.recommend import Recommender
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm")
@@ -174,7 +174,7 @@ def parse_mapping(items: Sequence[str] | Mapping[str, str] | None) -> dict[str, 
     >>> parse_mapping(["score_mean=reward", "acc = correctness", "len=length"])
     {'score_mean': 'reward', 'acc': 'rewards/correctness/mean', 'len': 'completions/mean_length'}
     """
-    from monitor.metrics import normalize
+    from grpo_monitor.monitor.metrics import normalize
 
     if items is None:
         return {}
@@ -205,8 +205,8 @@ def prepare_names(src: Any, mapping: Mapping[str, str] | None = None) -> tuple[A
     A mapped column is found under its name as logged or as normalised; the mapped metric wins
     over one of the same name the log already had.
     """
-    from detectors.signals import reward_names_in
-    from monitor.metrics import derive_metrics, normalize
+    from grpo_monitor.detectors.signals import reward_names_in
+    from grpo_monitor.monitor.metrics import derive_metrics, normalize
 
     names = src.metric_names()
     renames: dict[str, str] = {}
@@ -242,7 +242,7 @@ def prepare_names(src: Any, mapping: Mapping[str, str] | None = None) -> tuple[A
                 known.append(name)
         src.context.reward_names = known
         if src.context.correctness_reward is None or src.context.format_reward is None:
-            from detectors.signals import _CORRECT_HINT, _FORMAT_HINT
+            from grpo_monitor.detectors.signals import _CORRECT_HINT, _FORMAT_HINT
 
             for name in known:
                 if src.context.correctness_reward is None and _CORRECT_HINT.search(name) and not _FORMAT_HINT.search(name):
@@ -370,7 +370,7 @@ def analyze_one(path: str | os.PathLike[str], detectors: Sequence[Any] | None = 
 def analyze_run(path: str | os.PathLike[str], detectors: Sequence[Any] | None = None,
                 logging_steps: int | None = None, mapping: Mapping[str, str] | None = None) -> list[RunReport]:
     """The reports of one path: one run, or each run of a ``run.jsonl`` that holds several."""
-    from monitor.sources import load_source
+    from grpo_monitor.monitor.sources import load_source
 
     with _collector_paused():
         src = load_source(path, logging_steps=logging_steps)
@@ -420,7 +420,7 @@ def split_runs(src: Any) -> list[tuple[str, Any]] | None:
         return None
     if data.count(b'"header"') < 2:
         return None
-    from monitor.runlog import RunLog, iter_records
+    from grpo_monitor.monitor.runlog import RunLog, iter_records
 
     logs: list[RunLog] = []
     current: RunLog | None = None
@@ -436,8 +436,8 @@ def split_runs(src: Any) -> list[tuple[str, Any]] | None:
             current.add(rec)
     if len(logs) < 2:
         return None
-    from monitor.sources._base import Normalizer, Source, StepTable, as_step, finish
-    from monitor.sources.run_dir import context_from_header
+    from grpo_monitor.monitor.sources._base import Normalizer, Source, StepTable, as_step, finish
+    from grpo_monitor.monitor.sources.run_dir import context_from_header
 
     out = []
     for i, log in enumerate(logs, 1):
@@ -463,7 +463,7 @@ def coverage_from_states(header: Mapping[str, Any], names: Sequence[str], states
                          has_samples: bool = False) -> dict[str, dict[str, Any]]:
     """Coverage without a replay, from a run log's header, its logged names and the detectors'
     recorded states (what a dashboard following a live run has)."""
-    from monitor.sources.run_dir import context_from_header
+    from grpo_monitor.monitor.sources.run_dir import context_from_header
 
     engine = Engine(context_from_header(dict(header)))
     for d in engine.detectors:
@@ -523,8 +523,8 @@ def _collector_paused() -> Iterator[None]:
 
 def expand_lineages(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Each path, and for a run directory that was restarted, each of its segments in order."""
-    from monitor.restart import lineage_dirs
-    from monitor.runlog import is_run_dir
+    from grpo_monitor.monitor.restart import lineage_dirs
+    from grpo_monitor.monitor.runlog import is_run_dir
 
     out: list[str] = []
     for p in paths:
@@ -596,7 +596,7 @@ def _marker(d: Path) -> str | None:
     except OSError:
         return None
     try:
-        from monitor.sources.trackers import looks_like_wandb_dir, trackio_databases
+        from grpo_monitor.monitor.sources.trackers import looks_like_wandb_dir, trackio_databases
 
         if looks_like_wandb_dir(d):
             return "wandb"
@@ -609,7 +609,7 @@ def _marker(d: Path) -> str | None:
 
 def _loose_logs(d: Path) -> list[Path]:
     """Files directly in ``d`` that read as logs of a known format (README files and the like do not)."""
-    from monitor.sources import SourceError, detect_format
+    from grpo_monitor.monitor.sources import SourceError, detect_format
 
     out = []
     try:
@@ -642,7 +642,7 @@ def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[An
     does not read is listed in ``Report.errors``, a path given that does not read raises SourceError.
     With ``say`` (the CLI), each unreadable run's line goes to it first, and any other exception
     counts as unreadable input too: never a traceback."""
-    from monitor.sources import SourceError
+    from grpo_monitor.monitor.sources import SourceError
 
     report = Report([])
     for p, how in expand_paths(paths):
@@ -713,7 +713,7 @@ _KNOWN = frozenset({"reward", "reward_std", "entropy", "grad_norm", "loss", "lea
 
 def map_hints(names: Sequence[str]) -> list[tuple[str, str]]:
     """Likely ``--map`` items for names the normaliser does not know."""
-    from monitor.metrics import normalize
+    from grpo_monitor.monitor.metrics import normalize
 
     out = []
     for n in names:
@@ -897,7 +897,7 @@ def render_markdown(report: Report) -> str:
 
 def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = None,
             logging_steps: int | None = None, mapping: Sequence[str] | None = None) -> int:
-    from monitor.sources import SourceError
+    from grpo_monitor.monitor.sources import SourceError
 
     try:
         columns = parse_mapping(mapping)

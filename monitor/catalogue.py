@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from detectors.variants import VARIANT_PRESETS, preset
+from grpo_monitor.detectors.variants import VARIANT_PRESETS, preset
 
 # Fields whose accepted values TRL does not enforce in the config itself.
 CHOICE_FIELDS = ("loss_type", "importance_sampling_level", "scale_rewards", "vllm_importance_sampling_mode", "vllm_mode")

@@ -10,7 +10,7 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from monitor import __version__
+    from grpo_monitor.monitor import __version__
 
     p = argparse.ArgumentParser(
         prog="grpo-monitor",
@@ -56,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("watch", help="live dashboard of a run directory (or any run analyze reads)")
     w.add_argument("path", metavar="RUN")
 
-    from monitor.lint import add_lint_arguments
-    from monitor.preflight.reward_gate import add_inspect_arguments
+    from grpo_monitor.monitor.lint import add_lint_arguments
+    from grpo_monitor.monitor.preflight.reward_gate import add_inspect_arguments
 
     lp = sub.add_parser("lint", help="pre-flight recipe checks and memory estimate of a TRL YAML/JSON config or a run directory")
     add_lint_arguments(lp)
@@ -79,31 +79,31 @@ def _positive_int(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "demo":
-        from monitor.demo import run_demo
+        from grpo_monitor.monitor.demo import run_demo
 
         run_demo(args.run_dir, steps=args.steps, moe=args.moe, report_to=args.report_to, scenario=args.scenario,
                  auto_restart=args.auto_restart, max_restarts=args.max_restarts)
         return EXIT_CLEAN
     if args.verb == "analyze":
-        from monitor.analysis import run_cli
+        from grpo_monitor.monitor.analysis import run_cli
 
         code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
                        mapping=args.mapping)
         if args.alerts and code != EXIT_BAD_INPUT:
-            from monitor.alerts import analyze_cli_post
+            from grpo_monitor.monitor.alerts import analyze_cli_post
 
             analyze_cli_post(args.paths, args.alerts, args.alerts_format, args.alerts_min_severity,
                              logging_steps=args.logging_steps, mapping=args.mapping)
         return code
     if args.verb == "supervise":
-        from monitor.supervise import run_cli as supervise_cli
+        from grpo_monitor.monitor.supervise import run_cli as supervise_cli
 
         return supervise_cli(args.command, args.run_dir, args.max_restarts, args.apply)
     if args.verb == "watch":
-        from monitor.sources import SourceError
+        from grpo_monitor.monitor.sources import SourceError
 
         try:
-            from monitor.tui import run_watch
+            from grpo_monitor.monitor.tui import run_watch
         except ImportError as exc:
             print(f"grpo-monitor: the dashboard needs the 'tui' extra: pip install 'grpo-monitor[tui]' ({exc})", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -114,14 +114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_BAD_INPUT
         return EXIT_CLEAN
     if args.verb == "lint":
-        from monitor.lint import run_lint_cli
+        from grpo_monitor.monitor.lint import run_lint_cli
 
         return run_lint_cli(args)
     if args.verb == "inspect-rewards":
-        from monitor.preflight.reward_gate import run_inspect_cli
+        from grpo_monitor.monitor.preflight.reward_gate import run_inspect_cli
 
         def open_screen(session, run_dir, funcs, source):  # type: ignore[no-untyped-def]
-            from monitor.preflight.gate_app import run_gate
+            from grpo_monitor.monitor.preflight.gate_app import run_gate
 
             return run_gate(session, run_dir, funcs, source)
 

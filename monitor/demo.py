@@ -117,7 +117,7 @@ def _scenario_switch(trainer: Any, switch: dict[str, Any]):
 
 
 def scenario_rewards(name: str) -> list[Any]:
-    from fixtures import tiny
+    from grpo_monitor.fixtures import tiny
 
     return [*tiny.REWARD_FUNCS, *(getattr(tiny, r) for r in SCENARIOS[name]["extra_rewards"])]
 
@@ -167,7 +167,7 @@ WARM_START_STEPS = 150
 def build_trainer(args: Any, moe: bool = False, reward_funcs: Any = None, warm_start: int = WARM_START_STEPS):
     from trl import GRPOTrainer
 
-    from fixtures.tiny import REWARD_FUNCS, build_dataset, build_model, build_tokenizer
+    from grpo_monitor.fixtures.tiny import REWARD_FUNCS, build_dataset, build_model, build_tokenizer
 
     return GRPOTrainer(
         model=build_model(moe=moe, warm_start=warm_start),
@@ -204,7 +204,7 @@ def run_demo(
     import transformers
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from callbacks import attach
+    from grpo_monitor.callbacks import attach
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -231,7 +231,7 @@ def run_demo(
 
     t0 = time.time()
     if auto_restart:
-        from monitor.lineage import run_with_restarts
+        from grpo_monitor.monitor.lineage import run_with_restarts
 
         lineage = run_with_restarts(make_trainer, args, run_dir=root, max_restarts=max_restarts)
         if not quiet:
@@ -270,7 +270,7 @@ def _progress_callback(total: int):
 
 
 def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> None:
-    from monitor.runlog import read_run
+    from grpo_monitor.monitor.runlog import read_run
 
     log = read_run(run_dir)
     model = log.header.get("model", {})

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from detectors.base import Detector, Finding, RunContext
-from detectors.episode import EpisodeDetector
+from grpo_monitor.detectors.base import Detector, Finding, RunContext
+from grpo_monitor.detectors.episode import EpisodeDetector
 
 logger = logging.getLogger("grpo_monitor")
 _EPISODE_UPDATE = EpisodeDetector._update
@@ -20,7 +20,7 @@ _EPISODE_UPDATE = EpisodeDetector._update
 
 def default_detectors() -> list[Detector]:
     """A fresh instance of every built-in detector, with default parameters."""
-    import detectors
+    from grpo_monitor import detectors
 
     return [cls() for cls in detectors.ALL_DETECTORS]
 

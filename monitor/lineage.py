@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitor.restart import RestartPlan, lineage_dirs, read_plan, segment_dir
+from grpo_monitor.monitor.restart import RestartPlan, lineage_dirs, read_plan, segment_dir
 
 
 @dataclass
@@ -69,8 +69,8 @@ def run_with_restarts(
     >>> [s.variant for s in lineage.segments]                                                              # doctest: +SKIP
     [None, 'dapo']
     """
-    from callbacks import attach
-    from monitor.catalogue import apply_overrides
+    from grpo_monitor.callbacks import attach
+    from grpo_monitor.monitor.catalogue import apply_overrides
 
     root = Path(run_dir) if run_dir is not None else Path(args.output_dir) / "grpo-monitor"
     plan: RestartPlan | None = None

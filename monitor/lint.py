@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from detectors.base import Finding
-from monitor.memory import config_dict, estimate, model_shape
+from grpo_monitor.detectors.base import Finding
+from grpo_monitor.monitor.memory import config_dict, estimate, model_shape
 
 RECIPE_LEARNING_RATE = 5e-7
 RECIPE_BETA = 0.01
@@ -301,7 +301,7 @@ def lint(
     out.extend(_vllm_checks(cfg, raw, shape, kind, num_devices, device_memory_gib, prompt_length))
 
     # on-policy trap: clip-higher and GSPO's sequence ratio do nothing when the ratio is identically 1
-    from monitor.recommend import is_on_policy
+    from grpo_monitor.monitor.recommend import is_on_policy
 
     eps, eps_high = _num(cfg.get("epsilon")), _num(cfg.get("epsilon_high"))
     clip_higher = eps_high is not None and (eps is None or not math.isclose(eps_high, eps))
@@ -325,8 +325,8 @@ def lint(
     moe = shape if shape.get("is_moe") else ({} if shape else moe_from_model_id(raw.get("model_name_or_path")))
     vllm_token_is = bool(cfg.get("use_vllm")) and str(cfg.get("vllm_importance_sampling_mode")).startswith("token")
     if moe.get("is_moe") and (str(cfg.get("importance_sampling_level")) != "sequence" or vllm_token_is):
-        from detectors.variants import preset
-        from monitor.recommend import config_diff
+        from grpo_monitor.detectors.variants import preset
+        from grpo_monitor.monitor.recommend import config_diff
 
         overrides = config_diff(preset("gspo", cfg), cfg)
         if vllm_token_is:
@@ -608,7 +608,7 @@ def _first_steps_clipped(steps: list[dict[str, Any]], n: int = 5) -> float | Non
 
 def lint_path(path: str | os.PathLike[str], **kwargs: Any) -> tuple[list[Finding], dict[str, Any]]:
     """Lint a config file or a run directory; returns (findings, context used: config, shape, ...)."""
-    from monitor.runlog import RunLogError, is_run_dir, read_run
+    from grpo_monitor.monitor.runlog import RunLogError, is_run_dir, read_run
 
     p = Path(path)
     model = kwargs.pop("model", None)
@@ -697,7 +697,7 @@ def add_lint_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def run_lint_cli(args: argparse.Namespace) -> int:
     """Exit 0 when no warning/critical finding, 1 when some, 2 on unusable input."""
-    from monitor.memory import detect_device_memory_gib
+    from grpo_monitor.monitor.memory import detect_device_memory_gib
 
     device = None if args.device == "auto" else args.device
     memory_gib = args.device_memory_gib
@@ -738,7 +738,7 @@ def format_report(source: str, findings: Sequence[Finding], est: Any = None) -> 
     for f in findings:
         lines.append(f"  [{f.severity}] {f.detector}: {f.message}")
         if f.config_overrides:
-            from monitor.recommend import cli_flags
+            from grpo_monitor.monitor.recommend import cli_flags
 
             lines.append(f"      fix: {cli_flags(f.config_overrides)}")
     if est is not None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitor.model_config import VLM_HINTS, moe_facts
+from grpo_monitor.monitor.model_config import VLM_HINTS, moe_facts
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
@@ -313,7 +313,7 @@ class MemoryEstimate:
 
     def finding(self, step: int = 0) -> Any:
         """A ``config_memory`` Finding when the run will not fit (critical) or is within 10% (warning)."""
-        from detectors.base import Finding
+        from grpo_monitor.detectors.base import Finding
 
         if self.device_memory is None or not (self.tight or self.fits is False):
             return None

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from detectors.variants import EXTRA_ADVICE, preset
+from grpo_monitor.detectors.variants import EXTRA_ADVICE, preset
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -158,7 +158,7 @@ def patched_args(args: Any) -> Any:
     overrides = dict(state["overrides"])
     if not overrides:
         return args
-    from monitor.catalogue import apply_overrides
+    from grpo_monitor.monitor.catalogue import apply_overrides
 
     return apply_overrides(args, overrides)
 
@@ -209,7 +209,7 @@ def child_flags(plan: RestartPlan | None) -> list[str]:
     """The same overrides as TRL-style flags appended to the command (parsed last, so they win)."""
     if plan is None:
         return []
-    from monitor.recommend import _flag_value
+    from grpo_monitor.monitor.recommend import _flag_value
 
     flags: list[str] = []
     items = dict(plan.cumulative_overrides)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitor.jsonparse import loads
-from monitor.metrics import decode, encode
+from grpo_monitor.monitor.jsonparse import loads
+from grpo_monitor.monitor.metrics import decode, encode
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.jsonl"

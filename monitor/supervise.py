@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from monitor.restart import PLAN_FILE, child_env, child_flags, read_plan, segment_dir
+from grpo_monitor.monitor.restart import PLAN_FILE, child_env, child_flags, read_plan, segment_dir
 
 APPLY_MODES = ("both", "flags", "env")
 LOCK_FILE = ".supervisor.lock"

@@ -23,8 +23,8 @@ def train_tiny(run_dir: Path, steps: int = 4, moe: bool = False, attach_options:
     """Train the tiny model for ``steps`` GRPO steps with the monitor attached; returns (trainer, callback)."""
     import transformers
 
-    from callbacks import attach
-    from monitor.demo import build_trainer, demo_config
+    from grpo_monitor.callbacks import attach
+    from grpo_monitor.monitor.demo import build_trainer, demo_config
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore", category=FutureWarning)

@@ -35,10 +35,10 @@ cfg = json.loads(os.environ["ALERTS_TEST_DRIVER"])  # not argv: W&B records the 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
 import transformers
 from trl import GRPOConfig, GRPOTrainer
-from callbacks import attach
-from detectors.base import Detector, Finding
-from detectors.no_learning_signal import NoLearningSignal
-from fixtures.tiny import build_dataset, build_model, build_tokenizer
+from grpo_monitor.callbacks import attach
+from grpo_monitor.detectors.base import Detector, Finding
+from grpo_monitor.detectors.no_learning_signal import NoLearningSignal
+from grpo_monitor.fixtures.tiny import build_dataset, build_model, build_tokenizer
 transformers.logging.set_verbosity_error()
 warnings.filterwarnings("ignore")
 calls = [0]

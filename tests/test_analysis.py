@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-import monitor
-from fixtures.synthetic import generate
-from monitor.analysis import analyze, discover_runs, parse_mapping
-from monitor.runlog import RunWriter
+from grpo_monitor import monitor
+from grpo_monitor.fixtures.synthetic import generate
+from grpo_monitor.monitor.analysis import analyze, discover_runs, parse_mapping
+from grpo_monitor.monitor.runlog import RunWriter
 
 
 def cli(*args):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "monitor", "analyze", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "grpo_monitor", "analyze", *map(str, args)], capture_output=True, text=True,
                           env=env)
 
 
@@ -191,8 +191,8 @@ def test_dashboard_says_it_cannot_judge_a_run_it_cannot_see(tmp_path):
     pytest.importorskip("textual")
     import asyncio
 
-    from monitor.tui import WatchApp
-    from monitor.tui.widgets.header import RunHeader
+    from grpo_monitor.monitor.tui import WatchApp
+    from grpo_monitor.monitor.tui.widgets.header import RunHeader
 
     blind = tmp_path / "blind.csv"
     blind.write_text("step,entropy,grad_norm\n" + "".join(f"{s},{0.5 + 0.01 * (s % 3)},{0.3}\n" for s in range(1, 80)))
@@ -214,7 +214,7 @@ def test_dashboard_says_it_cannot_judge_a_run_it_cannot_see(tmp_path):
 
 def test_a_loose_note_in_a_folder_of_runs_is_skipped_not_judged(tmp_path):
     """A README beside the logs whose one line happens to parse as a step is not a run."""
-    import monitor
+    from grpo_monitor import monitor
 
     rows = ["step,reward,entropy,completions/mean_length"] + [f"{s},{0.5 + 0.001 * s},{1.0 - 0.001 * s},100" for s in range(1, 41)]
     (tmp_path / "history.csv").write_text("\n".join(rows) + "\n")

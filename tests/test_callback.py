@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from monitor import load_run, read_run
+from grpo_monitor.monitor import load_run, read_run
 from tests.conftest import train_tiny
 
 UNCONDITIONAL = [
@@ -73,7 +73,7 @@ def test_reward_functions_keep_names_and_values(trained):
     _, _, trainer, _ = trained
     assert trainer.reward_func_names == COMPONENTS
     assert [f.__name__ for f in trainer.reward_funcs] == COMPONENTS
-    from fixtures.tiny import correctness_reward
+    from grpo_monitor.fixtures.tiny import correctness_reward
 
     wrapped = trainer.reward_funcs[1]
     assert wrapped(completions=["<answer> 3 </answer>", "x"], target=["3", "3"]) == correctness_reward(

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from monitor import load_run, read_run
+from grpo_monitor.monitor import load_run, read_run
 from tests.test_callback import COMPONENTS, UNCONDITIONAL
 
 
 def cli(*args, check=False):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "monitor", *args], capture_output=True, text=True, env=env, check=check)
+    return subprocess.run([sys.executable, "-m", "grpo_monitor", *args], capture_output=True, text=True, env=env, check=check)
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import detectors
-from detectors import ALL_DETECTORS, DETECTOR_IDS
-from detectors.base import SEVERITIES, VARIANTS, Finding, RunContext
-from detectors.episode import STATES
-from detectors.variants import VARIANT_PRESETS
-from fixtures.synthetic import CASES, generate
+from grpo_monitor import detectors
+from grpo_monitor.detectors import ALL_DETECTORS, DETECTOR_IDS
+from grpo_monitor.detectors.base import SEVERITIES, VARIANTS, Finding, RunContext
+from grpo_monitor.detectors.episode import STATES
+from grpo_monitor.detectors.variants import VARIANT_PRESETS
+from grpo_monitor.fixtures.synthetic import CASES, generate
 
 IDS = [c.id for c in ALL_DETECTORS]
 FIELDS = {"detector", "severity", "step", "onset_step", "variant", "config_overrides", "evidence", "message"}

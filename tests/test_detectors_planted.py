@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from detectors import (
+from grpo_monitor.detectors import (
     ALL_DETECTORS,
     DegenerateLongCot,
     EntropyCollapse,
@@ -16,12 +16,12 @@ from detectors import (
     NoLearningSignal,
     NonFinite,
 )
-from detectors.base import RunContext
-from detectors.moe_model_detected import MoeModelDetected
-from detectors.reward_component_divergence import RewardComponentDivergence
-from detectors.variants import VARIANT_PRESETS
-from fixtures.synthetic import FAILURES, HEALTHY, generate
-from monitor.engine import Engine
+from grpo_monitor.detectors.base import RunContext
+from grpo_monitor.detectors.moe_model_detected import MoeModelDetected
+from grpo_monitor.detectors.reward_component_divergence import RewardComponentDivergence
+from grpo_monitor.detectors.variants import VARIANT_PRESETS
+from grpo_monitor.fixtures.synthetic import FAILURES, HEALTHY, generate
+from grpo_monitor.monitor.engine import Engine
 
 SEEDS = (0, 1, 2)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from detectors.base import RunContext
-from monitor.engine import Engine
+from grpo_monitor.detectors.base import RunContext
+from grpo_monitor.monitor.engine import Engine
 
 
 def alarms(steps, context=None):

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-import monitor.engine as engine_module
-from detectors import ALL_DETECTORS
-from detectors.base import Detector, Finding
-from fixtures.synthetic import CASES, generate
-from monitor.engine import Engine
+import grpo_monitor.monitor.engine as engine_module
+from grpo_monitor.detectors import ALL_DETECTORS
+from grpo_monitor.detectors.base import Detector, Finding
+from grpo_monitor.fixtures.synthetic import CASES, generate
+from grpo_monitor.monitor.engine import Engine
 
 
 def outcome(engine: Engine, raised: list[Finding] | None = None):

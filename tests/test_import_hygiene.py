@@ -8,7 +8,7 @@ import pytest
 HEAVY = ("torch", "transformers", "trl", "textual", "accelerate", "datasets")
 
 
-@pytest.mark.parametrize("module", ["detectors", "monitor", "monitor.cli", "monitor.runlog", "monitor.metrics", "monitor.engine"])
+@pytest.mark.parametrize("module", ["grpo_monitor", "grpo_monitor.detectors", "grpo_monitor.monitor", "grpo_monitor.monitor.cli", "grpo_monitor.monitor.runlog", "grpo_monitor.monitor.metrics", "grpo_monitor.monitor.engine"])
 def test_light_imports(module):
     code = (
         f"import sys, {module}\n"
@@ -20,9 +20,9 @@ def test_light_imports(module):
 
 
 def test_public_api_is_curated():
-    import callbacks
-    import detectors
-    import monitor
+    from grpo_monitor import callbacks
+    from grpo_monitor import detectors
+    from grpo_monitor import monitor
 
     for pkg in (monitor, detectors, callbacks):
         assert pkg.__all__ and all(hasattr(pkg, name) for name in pkg.__all__)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from monitor.lint import DEFAULTS, add_lint_arguments, lint, lint_path, run_lint_cli
+from grpo_monitor.monitor.lint import DEFAULTS, add_lint_arguments, lint, lint_path, run_lint_cli
 
 # REFERENCE §1, step 2; the tests run it on "one GPU" (device facts passed in, not measured here)
 REFERENCE = dict(output_dir="./outputs-grpo", use_vllm=True, num_generations=8, learning_rate=5e-7, beta=0.01,
@@ -21,7 +21,7 @@ REFERENCE_INFO = {"config_logging_steps"}
 
 @pytest.fixture(scope="module")
 def tiny():
-    from fixtures.tiny import REWARD_FUNCS, build_dataset, build_model
+    from grpo_monitor.fixtures.tiny import REWARD_FUNCS, build_dataset, build_model
 
     return {"dense": build_model(warm_start=150), "moe": build_model(moe=True, warm_start=150),
             "funcs": list(REWARD_FUNCS), "dataset": build_dataset()}
@@ -109,7 +109,7 @@ def test_each_rule_fires_and_its_fix_silences_it(tiny, rule, severity, change, k
 
 
 def test_reward_and_dataset_rules(tiny):
-    from fixtures.tiny import correctness_reward
+    from grpo_monitor.fixtures.tiny import correctness_reward
 
     one = _lint(REFERENCE, tiny, reward_funcs=[correctness_reward])
     assert {"config_reward_count", "config_format_reward"} <= _ids(one, ("warning",))
@@ -168,8 +168,8 @@ def test_bf16_on_this_cpu_machine_measured_through_torch(tiny):
 
 
 def test_lint_trainer_reads_a_real_grpo_trainer(tmp_path):
-    from monitor.demo import build_trainer, demo_config
-    from monitor.lint import lint_trainer, trainer_facts
+    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.monitor.lint import lint_trainer, trainer_facts
 
     trainer = build_trainer(demo_config(tmp_path, 1))
     facts = trainer_facts(trainer)
@@ -194,14 +194,14 @@ def _yaml(path, tiny_dir, **change):
     # the shape `trl grpo --config` reads: flat GRPOConfig keys plus script arguments; note YAML 1.1
     # reads 5e-7 (no dot) as a string, which TRL's parser converts by type and so must we
     cfg = dict(REFERENCE, model_name_or_path=str(tiny_dir), dataset_name="my/prompts",
-               reward_funcs=["fixtures.tiny.format_reward", "fixtures.tiny.correctness_reward"], **change)
+               reward_funcs=["grpo_monitor.fixtures.tiny.format_reward", "grpo_monitor.fixtures.tiny.correctness_reward"], **change)
     lines = [f"{k}: {json.dumps(v) if not isinstance(v, float) else format(v, 'g')}" for k, v in cfg.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def _tiny_dir():
-    from fixtures.tiny import DENSE, _key, cache_dir
+    from grpo_monitor.fixtures.tiny import DENSE, _key, cache_dir
 
     spec = dict(DENSE, seed=0, warm_start=150)
     return cache_dir() / f"{spec['kind']}-{_key(spec)}"

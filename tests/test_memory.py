@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from monitor.memory import GIB, estimate, model_shape, shape_from_config
+from grpo_monitor.monitor.memory import GIB, estimate, model_shape, shape_from_config
 
 QWEN25_7B = {
     "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
@@ -35,7 +35,7 @@ def _one_optimizer_step(model, optim_name):
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from fixtures.tiny import build_tokenizer, task_rows
+    from grpo_monitor.fixtures.tiny import build_tokenizer, task_rows
 
     args = TrainingArguments(output_dir="/tmp/unused", optim=optim_name, use_cpu=True, report_to="none")
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
@@ -54,7 +54,7 @@ def _one_optimizer_step(model, optim_name):
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 @pytest.mark.parametrize("optim", ["adamw_torch", "adamw_torch_fused"])
 def test_weights_gradients_optimizer_states_equal_real_tensors(moe, optim):
-    from fixtures.tiny import build_model
+    from grpo_monitor.fixtures.tiny import build_model
 
     model = build_model(moe=moe, warm_start=150)
     config = {"optim": optim, "bf16": False, "use_cpu": True, "beta": 0.0, "per_device_train_batch_size": 8,
@@ -68,7 +68,7 @@ def test_weights_gradients_optimizer_states_equal_real_tensors(moe, optim):
 
 
 def test_reference_model_term_equals_the_trainers_reference_model(tmp_path):
-    from monitor.demo import build_trainer, demo_config
+    from grpo_monitor.monitor.demo import build_trainer, demo_config
 
     trainer = build_trainer(demo_config(tmp_path, 1, beta=0.04))
     est = estimate(trainer.args, trainer.model, num_devices=1, device_kind="cpu")
@@ -79,7 +79,7 @@ def test_reference_model_term_equals_the_trainers_reference_model(tmp_path):
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_parameter_count_from_config_matches_the_model(moe):
-    from fixtures.tiny import build_model
+    from grpo_monitor.fixtures.tiny import build_model
 
     model = build_model(moe=moe, warm_start=150)
     shape = shape_from_config(model.config)
@@ -189,8 +189,8 @@ def test_model_shape_reads_a_model_directory(tmp_path):
 
 def test_system_metrics_without_torch_and_light_imports():
     code = (
-        "import sys, monitor.memory, monitor.lint, monitor.preflight.reward_gate\n"
-        "m = monitor.memory.system_metrics()\n"
+        "import sys, grpo_monitor.monitor.memory, grpo_monitor.monitor.lint, grpo_monitor.monitor.preflight.reward_gate\n"
+        "m = grpo_monitor.monitor.memory.system_metrics()\n"
         "heavy = [x for x in ('torch', 'transformers', 'trl', 'textual') if x in sys.modules]\n"
         "print(sorted(m), heavy, m['system/rss_peak_gib'] >= m['system/rss_gib'] > 0)\n"
     )
@@ -201,7 +201,7 @@ def test_system_metrics_without_torch_and_light_imports():
 def test_system_metrics_after_torch_import_still_reports_process_memory():
     import torch  # noqa: F401  (CPU here: no device keys)
 
-    from monitor.memory import system_metrics
+    from grpo_monitor.monitor.memory import system_metrics
 
     m = system_metrics()
     assert m["system/rss_gib"] > 0
@@ -214,7 +214,7 @@ def test_activation_term_matches_what_autograd_saves(moe):
     hooks on a real forward of the tiny model), within the per-token scalars the formula leaves out."""
     import torch
 
-    from fixtures.tiny import build_model
+    from grpo_monitor.fixtures.tiny import build_model
 
     model = build_model(moe=moe, warm_start=150)
     model.train()

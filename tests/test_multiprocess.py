@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from detectors import ALL_DETECTORS
-from monitor import analyze, read_run
-from monitor.restart import read_plan
+from grpo_monitor.detectors import ALL_DETECTORS
+from grpo_monitor.monitor import analyze, read_run
+from grpo_monitor.monitor.restart import read_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -52,7 +52,7 @@ def test_two_ranks_write_their_own_samples_and_one_shared_log(tmp_path):
 
 def test_auto_restart_stops_every_rank_at_the_same_step(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "monitor", "supervise", "--run-dir", str(run_dir), "--max-restarts", "1", "--",
+    cmd = [sys.executable, "-m", "grpo_monitor", "supervise", "--run-dir", str(run_dir), "--max-restarts", "1", "--",
            *TORCHRUN, str(ROOT / "examples" / "train.py"), "--output_dir", str(tmp_path / "out"), "--scenario", "collapse"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-from detectors import ALL_DETECTORS
-from monitor.analysis import analyze_one
-from monitor.engine import Engine
-from monitor.sources import load_source
+from grpo_monitor.detectors import ALL_DETECTORS
+from grpo_monitor.monitor.analysis import analyze_one
+from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.monitor.sources import load_source
 from tests.conftest import SHARED
 
 RUNS = SHARED / "real-runs"

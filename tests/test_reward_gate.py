@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from fixtures.tiny import REWARD_FUNCS, correctness_reward, format_reward
-from monitor.preflight.reward_gate import (
+from grpo_monitor.fixtures.tiny import REWARD_FUNCS, correctness_reward, format_reward
+from grpo_monitor.monitor.preflight.reward_gate import (
     GATE_FILE,
     GateSession,
     RewardGateError,
@@ -28,7 +28,7 @@ N = 12  # samples judged in the screen tests; the --auto tests draw the recipe's
 
 @pytest.fixture(scope="module")
 def completions():
-    from fixtures.tiny import build_dataset, build_model, build_tokenizer
+    from grpo_monitor.fixtures.tiny import build_dataset, build_model, build_tokenizer
 
     return sample_from_model(build_model(warm_start=150), build_tokenizer(), build_dataset(), num_samples=N,
                              per_prompt=4, max_new_tokens=16, seed=0)
@@ -58,7 +58,7 @@ def _plain(app, selector):
 
 
 async def test_gate_screen_mark_note_save_and_check(completions, tmp_path):
-    from monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
 
     session = _session(completions)
     app = RewardGateApp(session, tmp_path, REWARD_FUNCS, {"model": "tiny"})
@@ -96,7 +96,7 @@ async def test_gate_screen_mark_note_save_and_check(completions, tmp_path):
 
 
 async def test_disagree_without_a_component_counts_every_component_wrong(completions, tmp_path):
-    from monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
 
     session = _session(completions)
     app = RewardGateApp(session, tmp_path, REWARD_FUNCS)
@@ -113,7 +113,7 @@ async def test_disagree_without_a_component_counts_every_component_wrong(complet
 
 
 async def test_screen_shows_model_text_literally(tmp_path):
-    from monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
 
     evil = "[bold red]x[/] [link=http://e]y[/link] \x1b[31mred\x1b[0m"
     samples = [{"prompt": "[b]p[/b]", "completion": evil, "columns": {"target": "1"}}]
@@ -140,7 +140,7 @@ def _write_rewards(path, name, target_pattern):
 
 
 async def test_check_gate_pass_changed_and_missing(completions, tmp_path):
-    from monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
 
     funcs = _write_rewards(tmp_path / "gate_rewards_v1.py", "gate_rewards_v1", r"<answer>\s*(\S+)\s*</answer>")
     run_dir = tmp_path / "run"
@@ -179,15 +179,15 @@ def test_source_hash_follows_what_the_function_reads():
 
 
 def test_attach_wrapping_keeps_the_gate_and_the_trainer_check(tmp_path):
-    from callbacks import attach
-    from monitor.demo import build_trainer, demo_config
-    from monitor.preflight.reward_gate import check_trainer_gate, reward_fingerprints
+    from grpo_monitor.callbacks import attach
+    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.monitor.preflight.reward_gate import check_trainer_gate, reward_fingerprints
 
     trainer = build_trainer(demo_config(tmp_path / "trainer", 1))
     before = reward_fingerprints(trainer.reward_funcs)
     ok, msg = check_trainer_gate(trainer, tmp_path / "run")
     assert not ok and "--model " + trainer.model.config._name_or_path in msg
-    assert "--reward-funcs fixtures.tiny:format_reward fixtures.tiny:correctness_reward" in msg
+    assert "--reward-funcs grpo_monitor.fixtures.tiny:format_reward grpo_monitor.fixtures.tiny:correctness_reward" in msg
     attach(trainer, tmp_path / "run")  # wraps the reward functions with the reward tap
     assert reward_fingerprints(trainer.reward_funcs) == before
     with pytest.raises(RewardGateError, match="grpo-monitor inspect-rewards"):
@@ -221,7 +221,7 @@ def test_auto_json_and_literal_text_from_a_samples_file(tmp_path, capsys):
     rows = [{"prompt": "What is 1 + 1 ? Answer :", "completion": "<answer> 2 </answer>", "target": "2"},
             {"prompt": "What is 1 + 2 ? Answer :", "completion": "\x1b[2J[red]3[/red]", "target": "3"}]
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    funcs = ["--reward-funcs", "fixtures.tiny:format_reward", "fixtures.tiny.correctness_reward"]
+    funcs = ["--reward-funcs", "grpo_monitor.fixtures.tiny:format_reward", "grpo_monitor.fixtures.tiny.correctness_reward"]
     assert main_inspect(["--samples", str(src), "--auto", *funcs]) == 0
     cap = capsys.readouterr()
     assert "\x1b" not in cap.out and "␛[2J[red]3[/red]" in cap.out
@@ -237,16 +237,16 @@ def test_auto_reports_a_reward_function_that_raises(tmp_path, capsys):
     (tmp_path / "raising_rewards.py").write_text("def broken_reward(completions, **kw):\n    raise KeyError('answer')\n")
     sys.path.insert(0, str(tmp_path))
     code = main_inspect(["--demo", "--auto", "--num-samples", "50",
-                         "--reward-funcs", "fixtures.tiny:format_reward", "raising_rewards:broken_reward"])
+                         "--reward-funcs", "grpo_monitor.fixtures.tiny:format_reward", "raising_rewards:broken_reward"])
     out = capsys.readouterr().out
     assert code == 1 and "broken_reward raised KeyError" in out and "NaN 50" in out
 
 
 @pytest.mark.parametrize("argv,needle", [
     (["--demo", "--auto", "--reward-funcs", "no_such_module_xyz:f"], "no_such_module_xyz"),
-    (["--samples", "/nonexistent/s.jsonl", "--auto", "--reward-funcs", "fixtures.tiny:format_reward"], "/nonexistent/s.jsonl"),
-    (["--demo", "--reward-funcs", "fixtures.tiny:format_reward"], "--run-dir"),
-    (["--auto", "--reward-funcs", "fixtures.tiny:format_reward"], "source of completions"),
+    (["--samples", "/nonexistent/s.jsonl", "--auto", "--reward-funcs", "grpo_monitor.fixtures.tiny:format_reward"], "/nonexistent/s.jsonl"),
+    (["--demo", "--reward-funcs", "grpo_monitor.fixtures.tiny:format_reward"], "--run-dir"),
+    (["--auto", "--reward-funcs", "grpo_monitor.fixtures.tiny:format_reward"], "source of completions"),
 ])
 def test_unusable_input_exits_2(argv, needle, capsys):
     assert main_inspect(argv) == 2
@@ -257,9 +257,9 @@ def test_unusable_input_exits_2(argv, needle, capsys):
 def test_attach_refuses_to_train_without_a_passed_gate(tmp_path):
     import transformers
 
-    from callbacks import attach
-    from monitor.demo import build_trainer, demo_config
-    from monitor.preflight.reward_gate import RewardGateError
+    from grpo_monitor.callbacks import attach
+    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.monitor.preflight.reward_gate import RewardGateError
 
     transformers.logging.set_verbosity_error()
     trainer = build_trainer(demo_config(tmp_path / "t", 2))
@@ -287,8 +287,8 @@ def _planted_samples(tmp_path, n=60, planted=(5, 17, 33, 48)):
 
 def test_auto_with_a_reference_lists_exactly_the_planted_disagreements_first(tmp_path, capsys):
     path, planted = _planted_samples(tmp_path)
-    argv = ["--samples", str(path), "--auto", "--reward-funcs", "fixtures.tiny:format_reward",
-            "fixtures.tiny:correctness_reward", "--reference", "correctness_reward=exact_match"]
+    argv = ["--samples", str(path), "--auto", "--reward-funcs", "grpo_monitor.fixtures.tiny:format_reward",
+            "grpo_monitor.fixtures.tiny:correctness_reward", "--reference", "correctness_reward=exact_match"]
     assert main_inspect(argv) == 1  # disagreements: a CI run fails
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("disagreements between the reward functions and their references: 4 (on 4 of 60")
@@ -310,7 +310,7 @@ def test_auto_with_a_reference_lists_exactly_the_planted_disagreements_first(tmp
 
 def test_reference_input_errors_exit_2(tmp_path, capsys):
     path, _ = _planted_samples(tmp_path, n=4, planted=())
-    base = ["--samples", str(path), "--auto", "--reward-funcs", "fixtures.tiny:correctness_reward"]
+    base = ["--samples", str(path), "--auto", "--reward-funcs", "grpo_monitor.fixtures.tiny:correctness_reward"]
     for ref, needle in (("nosuch=exact_match", "no reward function named 'nosuch'"),
                         ("correctness_reward=no_such_reference", "unknown reference"),
                         ("correctness_reward", "NAME=REFERENCE")):
@@ -320,7 +320,7 @@ def test_reference_input_errors_exit_2(tmp_path, capsys):
 
 
 def test_verdict_records_function_reference_and_person_agreement(tmp_path):
-    from monitor.preflight.reward_gate import disagreements_first, read_samples_file, score_references
+    from grpo_monitor.monitor.preflight.reward_gate import disagreements_first, read_samples_file, score_references
 
     path, planted = _planted_samples(tmp_path, n=10, planted=(2, 7))
     samples = read_samples_file(path)
@@ -348,7 +348,7 @@ def test_verdict_records_function_reference_and_person_agreement(tmp_path):
 
 
 async def test_gate_screen_shows_the_reference_score(tmp_path):
-    from monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
 
     samples = [{"prompt": "What is 1 + 1 ?", "completion": "<answer> 2.0 </answer>", "columns": {"target": "2"}}]
     session = GateSession(samples, {"correctness_reward": [0.0]}, min_judged=1,
@@ -374,8 +374,8 @@ def test_interactive_gate_hands_the_screen_the_disagreements_first(tmp_path):
         save_verdict(run_dir, verdict)
         return verdict
 
-    argv = ["--samples", str(path), "--run-dir", str(tmp_path / "run"), "--reward-funcs", "fixtures.tiny:format_reward",
-            "fixtures.tiny:correctness_reward", "--reference", "correctness_reward=exact_match", "--threshold", "0.5"]
+    argv = ["--samples", str(path), "--run-dir", str(tmp_path / "run"), "--reward-funcs", "grpo_monitor.fixtures.tiny:format_reward",
+            "grpo_monitor.fixtures.tiny:correctness_reward", "--reference", "correctness_reward=exact_match", "--threshold", "0.5"]
     assert main_inspect(argv, open_screen=screen) == 0
     assert seen["first"] == planted and seen["marked"] == [True] * 4 + [False] * 2
     saved = json.loads((tmp_path / "run" / GATE_FILE).read_text())
@@ -386,8 +386,8 @@ def test_interactive_gate_hands_the_screen_the_disagreements_first(tmp_path):
 
 
 def test_the_command_line_opens_the_screen_for_the_gate(tmp_path, monkeypatch):
-    import monitor.preflight.gate_app as gate_app
-    from monitor.cli import main
+    import grpo_monitor.monitor.preflight.gate_app as gate_app
+    from grpo_monitor.monitor.cli import main
 
     path, planted = _planted_samples(tmp_path, n=6, planted=(4,))
     opened = {}
@@ -398,5 +398,5 @@ def test_the_command_line_opens_the_screen_for_the_gate(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gate_app, "run_gate", fake_run_gate)
     code = main(["inspect-rewards", "--samples", str(path), "--run-dir", str(tmp_path / "run"),
-                 "--reward-funcs", "fixtures.tiny:correctness_reward", "--reference", "correctness_reward=exact_match"])
+                 "--reward-funcs", "grpo_monitor.fixtures.tiny:correctness_reward", "--reference", "correctness_reward=exact_match"])
     assert code == 1 and opened == {"n": 6, "first": 4, "run_dir": str(tmp_path / "run")}

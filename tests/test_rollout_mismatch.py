@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from detectors import ALL_DETECTORS
-from detectors.rollout_mismatch import RolloutMismatch
-from fixtures.synthetic import generate
-from monitor.engine import Engine
-from monitor.metrics import normalize
-from monitor.recommend import IS_CORRECTION, Recommender, recommend
+from grpo_monitor.detectors import ALL_DETECTORS
+from grpo_monitor.detectors.rollout_mismatch import RolloutMismatch
+from grpo_monitor.fixtures.synthetic import generate
+from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.monitor.metrics import normalize
+from grpo_monitor.monitor.recommend import IS_CORRECTION, Recommender, recommend
 from tests.conftest import ROOT, SHARED
 
 ALARM = ("warning", "critical")
@@ -50,7 +50,7 @@ def test_steady_or_noisy_but_centred_mismatch_raises_nothing(name, ls):
 
 
 def test_is_ratio_mean_leaving_the_band_and_ess_falling_are_each_seen():
-    from detectors.base import RunContext
+    from grpo_monitor.detectors.base import RunContext
 
     det = RolloutMismatch()
     det.start(RunContext(config={"use_vllm": True}))
@@ -75,7 +75,7 @@ def test_names_of_every_trainer_are_normalised():
 
 
 def _analyze_json(path):
-    proc = subprocess.run([sys.executable, "-m", "monitor", "analyze", str(path), "--json"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "grpo_monitor", "analyze", str(path), "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1, 3), proc.stderr
     return proc.returncode, json.loads(proc.stdout)["runs"][0]
@@ -149,7 +149,7 @@ def _finding(severity="critical"):
 def test_the_recommendation_builds_a_grpoconfig_of_the_installed_trl(tmp_path, moe):
     from trl import GRPOConfig
 
-    from monitor.catalogue import apply_overrides, validate
+    from grpo_monitor.monitor.catalogue import apply_overrides, validate
 
     base = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_importance_sampling_correction=False,
                       vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_min=0.1,
@@ -187,8 +187,8 @@ def test_a_moe_run_seen_only_through_its_logs_gets_gspo_for_every_switch():
 
 
 def test_moe_findings_name_gspo_as_the_switch():
-    from detectors import EntropyCollapse
-    from detectors.base import RunContext
+    from grpo_monitor.detectors import EntropyCollapse
+    from grpo_monitor.detectors.base import RunContext
 
     run = generate("entropy_collapse", seed=0, with_samples=True)
     det = EntropyCollapse()
@@ -212,7 +212,7 @@ class PlantedMismatch(RolloutMismatch):
     """Raises one critical mismatch finding at a fixed step: drives the restart machinery on a real run."""
 
     def _update(self, step, metrics, samples):
-        from detectors.base import Finding
+        from grpo_monitor.detectors.base import Finding
 
         if step != 3:
             return []
@@ -223,9 +223,9 @@ class PlantedMismatch(RolloutMismatch):
 def test_the_mismatch_fix_joins_the_restart_protocol(tmp_path):
     import transformers
 
-    from monitor import read_run, run_with_restarts
-    from monitor.demo import build_trainer, demo_config
-    from monitor.restart import read_plan
+    from grpo_monitor.monitor import read_run, run_with_restarts
+    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.monitor.restart import read_plan
 
     transformers.logging.set_verbosity_error()
     args = demo_config(tmp_path / "out", 5, disable_tqdm=True, vllm_importance_sampling_correction=False)

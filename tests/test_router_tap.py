@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from callbacks.moe_models import find_routers, moe_facts  # noqa: E402
-from callbacks.router_tap import RouterTap  # noqa: E402
+from grpo_monitor.callbacks.moe_models import find_routers, moe_facts  # noqa: E402
+from grpo_monitor.callbacks.router_tap import RouterTap  # noqa: E402
 
 VOCAB = 48
 ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "deepseek_v3")

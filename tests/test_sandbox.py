@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor.rewards.sandbox import UID_BASE, Limits, Sandbox
-from monitor.rewards.unit_tests import SplitTest, UnsplittableTestError, UnitTestReward
+from grpo_monitor.monitor.rewards.sandbox import UID_BASE, Limits, Sandbox
+from grpo_monitor.monitor.rewards.unit_tests import SplitTest, UnsplittableTestError, UnitTestReward
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = Limits(wall=3.0, cpu=2, memory=512 << 20, fsize=8 << 20, nproc=16, output=16 << 10)

@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from monitor import read_run
-from monitor.lineage import read_lineage
+from grpo_monitor.monitor import read_run
+from grpo_monitor.monitor.lineage import read_lineage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def check_dapo_lineage(root: Path):
 
 
 def test_demo_collapse_auto_restart_switches_to_dapo(tmp_path):
-    out = run("-m", "monitor", "demo", "--scenario", "collapse", "--auto-restart", "--max-restarts", "1",
+    out = run("-m", "grpo_monitor", "demo", "--scenario", "collapse", "--auto-restart", "--max-restarts", "1",
               "--run-dir", str(tmp_path / "D"))
     assert out.returncode == 0, out.stderr[-3000:]
     first, second = check_dapo_lineage(tmp_path / "D")
@@ -51,7 +51,7 @@ def test_demo_collapse_auto_restart_switches_to_dapo(tmp_path):
 
 
 def test_supervise_collapse_relaunches_the_script_with_dapo_flags(tmp_path):
-    out = run("-m", "monitor", "supervise", "--run-dir", str(tmp_path / "D"), "--max-restarts", "1", "--",
+    out = run("-m", "grpo_monitor", "supervise", "--run-dir", str(tmp_path / "D"), "--max-restarts", "1", "--",
               sys.executable, "examples/train.py", "--output_dir", str(tmp_path / "out"), "--scenario", "collapse")
     assert out.returncode == 0, out.stderr[-3000:]
     check_dapo_lineage(tmp_path / "D")
@@ -63,7 +63,7 @@ def test_sudden_collapse_names_the_last_healthy_step_and_resumes_before_it(tmp_p
     weights, whatever the rounding. The finding names the last step sampled before it, the restart
     resumes from the newest checkpoint saved before that step at a rate whose peak is a tenth of the
     healthy one, and the run goes on."""
-    out = run("-m", "monitor", "demo", "--scenario", "sudden_collapse", "--auto-restart", "--max-restarts", "1",
+    out = run("-m", "grpo_monitor", "demo", "--scenario", "sudden_collapse", "--auto-restart", "--max-restarts", "1",
               "--run-dir", str(tmp_path / "D"))
     assert out.returncode == 0, out.stderr[-3000:]
     lineage = read_lineage(tmp_path / "D")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from detectors import NoLearningSignal, RunContext, SuddenCollapse
-from fixtures.synthetic import generate
-from monitor.recommend import LOWER_LR, Recommender, recommend
-from monitor.restart import choose_checkpoint, reapply_learning_rate
+from grpo_monitor.detectors import NoLearningSignal, RunContext, SuddenCollapse
+from grpo_monitor.fixtures.synthetic import generate
+from grpo_monitor.monitor.recommend import LOWER_LR, Recommender, recommend
+from grpo_monitor.monitor.restart import choose_checkpoint, reapply_learning_rate
 
 
 def _findings(det, run):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.restart import read_plan
+from grpo_monitor.monitor.restart import read_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = textwrap.dedent("""
     import json, os, sys, time
     sys.path.insert(0, {root!r})
-    from monitor.restart import RestartPlan, env_state, write_plan
+    from grpo_monitor.monitor.restart import RestartPlan, env_state, write_plan
     state = env_state()
     seg = state["segment"]
     with open(os.path.join({log!r}), "a") as fh:
@@ -62,7 +62,7 @@ def setup_child(tmp_path):
 
 
 def supervise(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "monitor", "supervise", *args], capture_output=True, text=True, **kw)
+    return subprocess.run([sys.executable, "-m", "grpo_monitor", "supervise", *args], capture_output=True, text=True, **kw)
 
 
 def lines(log):
@@ -108,7 +108,7 @@ def test_env_only_mode_appends_no_flags(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signals_are_forwarded_to_the_child_group_and_exit_code_propagates(tmp_path, signum):
     script, run, log = setup_child(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "monitor", "supervise", "--run-dir", str(run), "--",
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_monitor", "supervise", "--run-dir", str(run), "--",
                              sys.executable, str(script), "sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready = Path(str(log) + ".ready")
     deadline = time.time() + 60
@@ -123,7 +123,7 @@ def test_signals_are_forwarded_to_the_child_group_and_exit_code_propagates(tmp_p
 
 def test_second_supervisor_on_the_same_run_directory_is_refused(tmp_path):
     script, run, log = setup_child(tmp_path)
-    first = subprocess.Popen([sys.executable, "-m", "monitor", "supervise", "--run-dir", str(run), "--",
+    first = subprocess.Popen([sys.executable, "-m", "grpo_monitor", "supervise", "--run-dir", str(run), "--",
                               sys.executable, str(script), "sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     ready = Path(str(log) + ".ready")
     deadline = time.time() + 60

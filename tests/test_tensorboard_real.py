@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.metrics import SUMMARY_KEYS, normalize
-from monitor.sources import load_source
+from grpo_monitor.monitor.metrics import SUMMARY_KEYS, normalize
+from grpo_monitor.monitor.sources import load_source
 
 pytest.importorskip("trl")
 pytest.importorskip("tensorboard")
@@ -20,7 +20,7 @@ def grpo_trainer(output_dir: Path, max_steps: int):
     import transformers
     from trl import GRPOConfig, GRPOTrainer
 
-    from fixtures.tiny import REWARD_FUNCS, build_dataset, build_model, build_tokenizer
+    from grpo_monitor.fixtures.tiny import REWARD_FUNCS, build_dataset, build_model, build_tokenizer
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")

@@ -15,10 +15,10 @@ pytest.importorskip("textual")
 from rich.console import Console  # noqa: E402
 from textual.widgets import DataTable, Static, TextArea  # noqa: E402
 
-from monitor.runlog import RunWriter, dumps  # noqa: E402
-from monitor.tui import WatchApp  # noqa: E402
-from monitor.tui.model import RunModel  # noqa: E402
-from monitor.tui.synthetic import (  # noqa: E402
+from grpo_monitor.monitor.runlog import RunWriter, dumps  # noqa: E402
+from grpo_monitor.monitor.tui import WatchApp  # noqa: E402
+from grpo_monitor.monitor.tui.model import RunModel  # noqa: E402
+from grpo_monitor.monitor.tui.synthetic import (  # noqa: E402
     FINDINGS,
     RECOMMENDATION,
     append_steps,
@@ -26,8 +26,8 @@ from monitor.tui.synthetic import (  # noqa: E402
     step_record,
     write_synthetic_run,
 )
-from monitor.tui.tail import RunTailer  # noqa: E402
-from monitor.tui.widgets.chart import Buckets, LineChart, braille, bucket_width, column_spans  # noqa: E402
+from grpo_monitor.monitor.tui.tail import RunTailer  # noqa: E402
+from grpo_monitor.monitor.tui.widgets.chart import Buckets, LineChart, braille, bucket_width, column_spans  # noqa: E402
 
 aio = pytest.mark.asyncio
 FAST = 0.05  # poll interval for tests: the app under test reacts within a frame or two
@@ -410,7 +410,7 @@ async def test_dense_run_has_no_moe_panel(tmp_path: Path) -> None:
 
 @aio
 async def test_foreign_log_is_replayed_through_the_detectors(tmp_path: Path) -> None:
-    sources = pytest.importorskip("monitor.sources")
+    sources = pytest.importorskip("grpo_monitor.monitor.sources")
     state = tmp_path / "trainer_state.json"
     history = [{"step": s, "loss": 0.1, "entropy": 0.5 - 0.004 * s, "completion_length": 20.0 + s,
                 "rewards/format_reward": 0.5, "reward": 0.5, "grad_norm": 1.0} for s in range(1, 41)]
@@ -426,7 +426,7 @@ async def test_foreign_log_is_replayed_through_the_detectors(tmp_path: Path) -> 
 
 @aio
 async def test_unreadable_path_reports_one_line(tmp_path: Path) -> None:
-    pytest.importorskip("monitor.sources")
+    pytest.importorskip("grpo_monitor.monitor.sources")
     bad = tmp_path / "notes.txt"
     bad.write_text("hello\n")
     app = WatchApp(bad, poll_interval=FAST)

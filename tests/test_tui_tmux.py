@@ -1,4 +1,4 @@
-"""The dashboard in a real terminal: tmux runs ``python -m monitor.tui`` on a recorded run."""
+"""The dashboard in a real terminal: tmux runs ``python -m grpo_monitor.monitor.tui`` on a recorded run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("textual")
 
-from monitor.tui.synthetic import write_synthetic_run  # noqa: E402
+from grpo_monitor.monitor.tui.synthetic import write_synthetic_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -40,7 +40,7 @@ def test_dashboard_in_a_real_terminal(tmp_path: Path) -> None:
     write_synthetic_run(run, steps=50)
     sock = f"grpo-monitor-test-{os.getpid()}"
     env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT), "TEXTUAL_ANIMATIONS": "none"}
-    cmd = f"{sys.executable} -m monitor.tui {run}"
+    cmd = f"{sys.executable} -m grpo_monitor.monitor.tui {run}"
     subprocess.run(
         ["tmux", "-L", sock, "-f", "/dev/null", "new-session", "-d", "-s", "dash", "-x", "120", "-y", "40", cmd],
         check=True, env=env, cwd=ROOT, timeout=20,

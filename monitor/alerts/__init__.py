@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from monitor.alerts.dispatch import OPTION_KEYS, AlertDispatcher, AlertOptions, build_dispatcher
-from monitor.alerts.events import verdict_message
-from monitor.alerts.webhook import ENV_URL, FORMATS, WebhookSender, detect_format, mask_url, post_messages
+from grpo_monitor.monitor.alerts.dispatch import OPTION_KEYS, AlertDispatcher, AlertOptions, build_dispatcher
+from grpo_monitor.monitor.alerts.events import verdict_message
+from grpo_monitor.monitor.alerts.webhook import ENV_URL, FORMATS, WebhookSender, detect_format, mask_url, post_messages
 
 __all__ = [
     "ENV_URL",
@@ -40,7 +40,7 @@ _SEVERITY_RANK = {"info": 0, "healthy": 0, "incomplete": 0, "cannot_judge": 0, "
 def redact(items: Sequence[str], options: Any = None) -> list[str]:
     """``items`` (a command line, say) with the webhook URL of ``options`` (or the environment's)
     masked, so the run log never holds it."""
-    from monitor.alerts.webhook import scrub
+    from grpo_monitor.monitor.alerts.webhook import scrub
 
     try:
         url = AlertOptions.of(options).url
@@ -73,13 +73,13 @@ def post_report(report: Any, url: str, fmt: str | None = None, min_severity: str
 def analyze_cli_post(paths: Sequence[str], url: str, fmt: str | None, min_severity: str, **analyze_options: Any) -> bool:
     """``grpo-monitor analyze --alerts``: replay ``paths`` and post the verdicts; one stderr line
     per delivery that failed. True when every message went out."""
-    from monitor.analysis import analyze
+    from grpo_monitor.monitor.analysis import analyze
 
     try:
         detect_format(url, fmt)
         errors = post_report(analyze(list(paths), **analyze_options), url, fmt, min_severity)
     except Exception as exc:  # the report is printed already; the post failing is one line, never a traceback
-        from monitor.alerts.webhook import scrub
+        from grpo_monitor.monitor.alerts.webhook import scrub
 
         errors = [scrub(f"{type(exc).__name__}: {exc}", url)]
     for e in errors:

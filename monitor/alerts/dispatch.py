@@ -8,9 +8,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from monitor.alerts.events import RANK, Episodes, as_dict, finding_message, recommendation_for, resolved_message, verdict_of
-from monitor.alerts.trackers import SummaryState, build_sinks, reported_trackers
-from monitor.alerts.webhook import ENV_FORMAT, ENV_URL, WebhookSender, mask_url, scrub
+from grpo_monitor.monitor.alerts.events import RANK, Episodes, as_dict, finding_message, recommendation_for, resolved_message, verdict_of
+from grpo_monitor.monitor.alerts.trackers import SummaryState, build_sinks, reported_trackers
+from grpo_monitor.monitor.alerts.webhook import ENV_FORMAT, ENV_URL, WebhookSender, mask_url, scrub
 
 logger = logging.getLogger("grpo_monitor")
 

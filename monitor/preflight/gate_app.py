@@ -21,8 +21,8 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Input, Static
 
-from monitor.preflight.reward_gate import GateSession, _text, save_verdict
-from monitor.tui.text import literal
+from grpo_monitor.monitor.preflight.reward_gate import GateSession, _text, save_verdict
+from grpo_monitor.monitor.tui.text import literal
 
 
 def _score(v: float | None) -> str:

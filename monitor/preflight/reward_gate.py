@@ -38,14 +38,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from monitor.metrics import to_value
+from grpo_monitor.monitor.metrics import to_value
 
 GATE_FILE = "reward_gate.json"
 SCHEMA = 1
 DEFAULT_THRESHOLD = 0.9
 DEFAULT_MIN_JUDGED = 50
 DEFAULT_NUM_SAMPLES = 64
-DEMO_REWARD_SPECS = ("fixtures.tiny:format_reward", "fixtures.tiny:correctness_reward")
+DEMO_REWARD_SPECS = ("grpo_monitor.fixtures.tiny:format_reward", "grpo_monitor.fixtures.tiny:correctness_reward")
 
 
 class RewardGateError(RuntimeError):
@@ -347,7 +347,7 @@ def parse_reference_specs(specs: Sequence[str] | None, names: Sequence[str]) -> 
 def score_references(samples: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]]
                      ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Each reference on the same samples with the same arguments: ({name: {"reference", "scores"}}, errors)."""
-    from monitor.rewards.registry import resolve_reference
+    from grpo_monitor.monitor.rewards.registry import resolve_reference
 
     refs: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
@@ -628,7 +628,7 @@ def check_gate(run_dir: str | os.PathLike[str], reward_funcs: Sequence[Any], min
 
 def _visible(s: Any) -> str:
     try:
-        from monitor.tui.text import visible
+        from grpo_monitor.monitor.tui.text import visible
     except ImportError:  # rich missing: same substitution, inline
         import re
 
@@ -770,11 +770,11 @@ def collect(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Any], 
         source["samples"] = str(args.samples)
     elif args.demo or args.model:
         if args.demo:
-            from fixtures.tiny import build_dataset, build_model, build_tokenizer
+            from grpo_monitor.fixtures.tiny import build_dataset, build_model, build_tokenizer
 
             model, tok = build_model(warm_start=150), build_tokenizer()
             rows = _load_dataset_file(args.dataset) if args.dataset else _rows(build_dataset())
-            source.update(model="demo (fixtures.tiny, warm start 150)", dataset=args.dataset or "fixtures.tiny")
+            source.update(model="demo (fixtures.tiny, warm start 150)", dataset=args.dataset or "grpo_monitor.fixtures.tiny")
             max_new = args.max_new_tokens or 16
         else:
             if not args.dataset:

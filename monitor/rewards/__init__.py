@@ -38,7 +38,7 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     mod = _EXPORTS.get(name)
     if mod is None:
-        raise AttributeError(f"module 'monitor.rewards' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"monitor.rewards.{mod}"), name)
+        raise AttributeError(f"module 'grpo_monitor.monitor.rewards' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"grpo_monitor.monitor.rewards.{mod}"), name)
     globals()[name] = value
     return value

@@ -12,8 +12,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from monitor.rewards._text import completion_text
-from monitor.rewards.correctness import ExactMatchReward
+from grpo_monitor.monitor.rewards._text import completion_text
+from grpo_monitor.monitor.rewards.correctness import ExactMatchReward
 
 _FORMATS = {
     "answer_tag": re.compile(r"^(?:(?!<answer>).)*<answer>(?:(?!</?answer>).)+</answer>\s*$", re.S),

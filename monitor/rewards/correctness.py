@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-from monitor.rewards._text import completion_text, first_column
+from grpo_monitor.monitor.rewards._text import completion_text, first_column
 
 logger = logging.getLogger(__name__)
 

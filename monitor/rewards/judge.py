@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from monitor.rewards._text import completion_text
+from grpo_monitor.monitor.rewards._text import completion_text
 
 logger = logging.getLogger(__name__)
 

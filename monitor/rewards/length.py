@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from monitor.rewards._text import completion_text
+from grpo_monitor.monitor.rewards._text import completion_text
 
 
 def soft_overlong_penalty(length: int, max_completion_len: int, soft_punish_cache: int) -> float:

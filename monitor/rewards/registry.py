@@ -7,32 +7,32 @@ from typing import Any
 
 
 def _exact() -> Any:
-    from monitor.rewards.correctness import ExactMatchReward
+    from grpo_monitor.monitor.rewards.correctness import ExactMatchReward
 
     return ExactMatchReward()
 
 
 def _exact_string() -> Any:
-    from monitor.rewards.correctness import ExactMatchReward
+    from grpo_monitor.monitor.rewards.correctness import ExactMatchReward
 
     return ExactMatchReward(mode="string", name="exact_match_string")
 
 
 def _schema() -> Any:
-    from monitor.rewards.schema import SchemaReward
+    from grpo_monitor.monitor.rewards.schema import SchemaReward
 
     return SchemaReward()
 
 
 def _unit() -> Any:
-    from monitor.rewards.unit_tests import UnitTestReward
+    from grpo_monitor.monitor.rewards.unit_tests import UnitTestReward
 
     return UnitTestReward()
 
 
 def _format(fmt: str) -> Callable[[], Any]:
     def make() -> Any:
-        from monitor.rewards.composite import FormatReward
+        from grpo_monitor.monitor.rewards.composite import FormatReward
 
         return FormatReward(fmt, name=f"{fmt}_format")
 
@@ -55,7 +55,7 @@ def resolve_reference(ref: str) -> Any:
     if ref in REFERENCES:
         return REFERENCES[ref]()
     if ":" in ref:
-        from monitor.preflight.reward_gate import load_reward_func
+        from grpo_monitor.monitor.preflight.reward_gate import load_reward_func
 
         return load_reward_func(ref)
     raise ValueError(f"unknown reference {ref!r}: use one of {', '.join(sorted(REFERENCES))} or module:function")

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from monitor.rewards._text import completion_text, fenced_blocks, row_value
+from grpo_monitor.monitor.rewards._text import completion_text, fenced_blocks, row_value
 
 logger = logging.getLogger(__name__)
 _NOTHING = object()

@@ -24,8 +24,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from monitor.rewards._text import completion_text, extract_code, row_value
-from monitor.rewards.sandbox import Limits, Sandbox, ValueDecodeError, decode_value, default_sandbox
+from grpo_monitor.monitor.rewards._text import completion_text, extract_code, row_value
+from grpo_monitor.monitor.rewards.sandbox import Limits, Sandbox, ValueDecodeError, decode_value, default_sandbox
 
 logger = logging.getLogger(__name__)
 

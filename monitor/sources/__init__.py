@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from monitor.sources._base import FORMATS, Source, SourceError, one_line
+from grpo_monitor.monitor.sources._base import FORMATS, Source, SourceError, one_line
 
 __all__ = ["FORMATS", "Source", "SourceError", "detect_format", "load_source"]
 
@@ -84,39 +84,39 @@ def detect_format(path: str | os.PathLike[str]) -> str:
 def _load(p: Path, logging_steps: int | None = None) -> Source:
     fmt, target = _detect(p)
     if fmt == "run_dir":
-        from monitor.sources.run_dir import read_run_dir
+        from grpo_monitor.monitor.sources.run_dir import read_run_dir
 
         return read_run_dir(target)
     if fmt in ("trainer_state", "log_history", "columns", "notebook"):
         return _load_json_document(p, target, logging_steps)
     if fmt == "tensorboard":
-        from monitor.sources.tensorboard import read_tensorboard
+        from grpo_monitor.monitor.sources.tensorboard import read_tensorboard
 
         return read_tensorboard(p)
     if fmt == "csv":
-        from monitor.sources.tabular import read_csv
+        from grpo_monitor.monitor.sources.tabular import read_csv
 
         return read_csv(target)
     if fmt in ("trl_console", "verl_console", "console"):
-        from monitor.sources.console import read_console, read_text
+        from grpo_monitor.monitor.sources.console import read_console, read_text
 
         return read_console(target, read_text(target), fmt, logging_steps)
     if fmt == "wandb":
-        from monitor.sources.trackers import read_wandb
+        from grpo_monitor.monitor.sources.trackers import read_wandb
 
         return read_wandb(target)
     if fmt == "trackio":
-        from monitor.sources.trackers import read_trackio
+        from grpo_monitor.monitor.sources.trackers import read_trackio
 
         return read_trackio(target)
-    from monitor.sources.tabular import read_jsonl
+    from grpo_monitor.monitor.sources.tabular import read_jsonl
 
     return read_jsonl(target)
 
 
 def _load_json_document(p: Path, target: Path, logging_steps: int | None) -> Source:
     """One JSON document, routed by what it holds once parsed (it is parsed once)."""
-    from monitor.sources.trainer_state import is_trainer_state, parse_json, read_trainer_state
+    from grpo_monitor.monitor.sources.trainer_state import is_trainer_state, parse_json, read_trainer_state
 
     obj = parse_json(target, target.read_bytes())
     if is_trainer_state(obj):
@@ -124,7 +124,7 @@ def _load_json_document(p: Path, target: Path, logging_steps: int | None) -> Sou
         if target != p:
             src.warnings.append(f"{p}: read the newest checkpoint's {target.relative_to(p)}")
         return src
-    from monitor.sources.jsondocs import read_json_document
+    from grpo_monitor.monitor.sources.jsondocs import read_json_document
 
     return read_json_document(target, obj, logging_steps)
 
@@ -142,11 +142,11 @@ def _detect(p: Path) -> tuple[str, Path]:
         head = fh.read(_SNIFF)
     if not head.strip():
         raise SourceError(p, "empty file")
-    from monitor.sources.tensorboard import looks_like_event_file
+    from grpo_monitor.monitor.sources.tensorboard import looks_like_event_file
 
     if looks_like_event_file(head) or ("tfevents" in p.name and head.lstrip()[:1] not in (b"{", b"[")):
         return "tensorboard", p
-    from monitor.sources.trackers import SQLITE_MAGIC, WANDB_MAGIC
+    from grpo_monitor.monitor.sources.trackers import SQLITE_MAGIC, WANDB_MAGIC
 
     if head.startswith(WANDB_MAGIC):
         return "wandb", p
@@ -161,7 +161,7 @@ def _detect_text(p: Path, head: bytes) -> str:
         raise SourceError(p, "binary data, not a known log format (run.jsonl, trainer_state.json, TensorBoard, CSV, JSONL)")
     if text[:1] == b"{":
         first = text.split(b"\n", 1)[0]
-        from monitor.sources.tabular import first_json_line
+        from grpo_monitor.monitor.sources.tabular import first_json_line
 
         obj = first_json_line(first)
         if obj is None:
@@ -174,7 +174,7 @@ def _detect_text(p: Path, head: bytes) -> str:
         if isinstance(obj, dict) and obj.get("type") == "header" and "schema" in obj:
             raise SourceError(p, "a grpo-monitor run log must be named run.jsonl inside its run directory")
         if isinstance(obj, dict) and obj and (all(isinstance(v, list) for v in obj.values()) or isinstance(obj.get("cells"), list)):
-            from monitor.sources.jsondocs import json_kind
+            from grpo_monitor.monitor.sources.jsondocs import json_kind
 
             return json_kind(obj)
         return "jsonl"
@@ -183,7 +183,7 @@ def _detect_text(p: Path, head: bytes) -> str:
     if text[:1] == b"[":
         head_text = text[:4096]
         return "notebook" if b'"output_type"' in head_text or b'"name": "stdout"' in head_text else "log_history"
-    from monitor.sources.tabular import decode_head, looks_like_csv
+    from grpo_monitor.monitor.sources.tabular import decode_head, looks_like_csv
 
     if decode_head(head) is None:
         raise SourceError(p, "neither UTF-8 text nor a TensorBoard event file")
@@ -201,20 +201,20 @@ def _json_array_start(text: bytes) -> bool:
     first = text.split(b"\n", 1)[0].strip()
     if first == b"[" or first[:2] in (b"[{", b"[[", b'["', b"[]") or first[:3] in (b"[ {", b"[ [", b'[ "'):
         return True
-    from monitor.sources.tabular import first_json_line
+    from grpo_monitor.monitor.sources.tabular import first_json_line
 
     return first_json_line(first) is not None
 
 
 def _csv_has_step(head: bytes) -> bool:
-    from monitor.sources.tabular import _header, _is_step, decode_head
+    from grpo_monitor.monitor.sources.tabular import _header, _is_step, decode_head
 
     found = _header(decode_head(head) or "")
     return found is not None and any(_is_step(h.strip().split(" - ", 1)[-1]) for h in found[0])
 
 
 def _detect_console(p: Path, head: bytes) -> str:
-    from monitor.sources.console import decode_text, remember_text, sniff
+    from grpo_monitor.monitor.sources.console import decode_text, remember_text, sniff
 
     text = decode_text(head if len(head) < _SNIFF else p.read_bytes())
     fmt = sniff(text)
@@ -234,7 +234,7 @@ def _detect_dir(p: Path) -> tuple[str, Path]:
         return "run_dir", p
     if (p / "trainer_state.json").is_file():
         return "trainer_state", p / "trainer_state.json"
-    from monitor.sources.tensorboard import find_event_files
+    from grpo_monitor.monitor.sources.tensorboard import find_event_files
 
     if find_event_files(p):
         return "tensorboard", p
@@ -249,7 +249,7 @@ def _detect_dir(p: Path) -> tuple[str, Path]:
             best = (n, child)
     if best is not None:
         return "trainer_state", best[1]
-    from monitor.sources.trackers import looks_like_wandb_dir, trackio_databases
+    from grpo_monitor.monitor.sources.trackers import looks_like_wandb_dir, trackio_databases
 
     if looks_like_wandb_dir(p):
         return "wandb", p

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from detectors.base import RunContext
-from monitor.metrics import normalize, normalize_metrics, reward_components, to_value
+from grpo_monitor.detectors.base import RunContext
+from grpo_monitor.monitor.metrics import normalize, normalize_metrics, reward_components, to_value
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
 
-    from monitor.runlog import RunLog
+    from grpo_monitor.monitor.runlog import RunLog
 
 FORMATS = (
     "run_dir", "trainer_state", "tensorboard", "csv", "jsonl",

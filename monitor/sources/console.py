@@ -28,9 +28,9 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from monitor.jsonparse import loads
-from monitor.metrics import SUMMARY_KEYS
-from monitor.sources._base import (
+from grpo_monitor.monitor.jsonparse import loads
+from grpo_monitor.monitor.metrics import SUMMARY_KEYS
+from grpo_monitor.monitor.sources._base import (
     Normalizer,
     Source,
     SourceError,

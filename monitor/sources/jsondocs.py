@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from monitor.metrics import SUMMARY_KEYS, normalize
-from monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
+from grpo_monitor.monitor.metrics import SUMMARY_KEYS, normalize
+from grpo_monitor.monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
 
 
 def read_json_document(path: Path, obj: Any, logging_steps: int | None = None) -> Source:
@@ -56,12 +56,12 @@ def read_log_history(path: Path, history: list[Any], logging_steps: int | None =
             raise SourceError(path, f"a JSON array whose item [{i}] is {type(entry).__name__}; "
                                     "expected log_history dicts or notebook stream records")
     if all("step" in e for e in history):
-        from monitor.sources.trainer_state import read_trainer_state
+        from grpo_monitor.monitor.sources.trainer_state import read_trainer_state
 
         src = read_trainer_state(path, {"log_history": history})
         src.format = "log_history"
         return src
-    from monitor.sources.console import _classify, steps_from_dicts
+    from grpo_monitor.monitor.sources.console import _classify, steps_from_dicts
 
     found = [(0, e, kind) for e in history if (kind := _classify(e)) is not None]
     if not found:
@@ -142,7 +142,7 @@ def _outputs_text(outputs: list[Any]) -> str:
 
 
 def read_notebook(path: Path, obj: Any, logging_steps: int | None = None) -> Source:
-    from monitor.sources.console import read_console
+    from grpo_monitor.monitor.sources.console import read_console
 
     if isinstance(obj, dict):
         cells = obj.get("cells") or []

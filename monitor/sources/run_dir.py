@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from detectors.base import RunContext
-from monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish
+from grpo_monitor.detectors.base import RunContext
+from grpo_monitor.monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish
 
 
 def read_run_dir(path: Path) -> Source:
@@ -17,7 +17,7 @@ def read_run_dir(path: Path) -> Source:
     is the top-level run. Samples are indexed by step and read a step at a time when the replay
     reaches it (``StepSamples``), so a long run's samples are never all in memory.
     """
-    from monitor.runlog import RunLogError, SampleIndex, StepSamples, read_run
+    from grpo_monitor.monitor.runlog import RunLogError, SampleIndex, StepSamples, read_run
 
     try:
         log = read_run(path, samples=False)

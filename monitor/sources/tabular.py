@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from monitor.jsonparse import loads
-from monitor.metrics import SUMMARY_KEYS, normalize
-from monitor.sources._base import (
+from grpo_monitor.monitor.jsonparse import loads
+from grpo_monitor.monitor.metrics import SUMMARY_KEYS, normalize
+from grpo_monitor.monitor.sources._base import (
     Normalizer,
     Source,
     SourceError,

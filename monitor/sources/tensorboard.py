@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from monitor.metrics import SUMMARY_KEYS, normalize
-from monitor.sources._base import Source, SourceError, guess_context
+from grpo_monitor.monitor.metrics import SUMMARY_KEYS, normalize
+from grpo_monitor.monitor.sources._base import Source, SourceError, guess_context
 
 _U64 = struct.Struct("<Q")
 _F32 = struct.Struct("<f")

@@ -18,9 +18,9 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from monitor.jsonparse import loads
-from monitor.metrics import SUMMARY_KEYS
-from monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
+from grpo_monitor.monitor.jsonparse import loads
+from grpo_monitor.monitor.metrics import SUMMARY_KEYS
+from grpo_monitor.monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
 
 WANDB_MAGIC = b":W&B"
 SQLITE_MAGIC = b"SQLite format 3\x00"

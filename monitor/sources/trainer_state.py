@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from monitor.jsonparse import loads
-from monitor.metrics import SUMMARY_KEYS
-from monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
+from grpo_monitor.monitor.jsonparse import loads
+from grpo_monitor.monitor.metrics import SUMMARY_KEYS
+from grpo_monitor.monitor.sources._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
 
 
 def parse_json(path: Path, data: bytes) -> Any:

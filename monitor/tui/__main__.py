@@ -1,4 +1,4 @@
-"""``python -m monitor.tui RUN``: the dashboard without the CLI wrapper."""
+"""``python -m grpo_monitor.monitor.tui RUN``: the dashboard without the CLI wrapper."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m monitor.tui", description="Live dashboard of a GRPO run.")
+    parser = argparse.ArgumentParser(prog="python -m grpo_monitor.monitor.tui", description="Live dashboard of a GRPO run.")
     parser.add_argument("path", help="run directory (followed live), run.jsonl, or any log analyze reads")
     args = parser.parse_args(argv)
-    from monitor.tui import run_watch
+    from grpo_monitor.monitor.tui import run_watch
 
     run_watch(args.path)
     return 0

@@ -22,17 +22,17 @@ from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from monitor.runlog import RUN_FILE
-from monitor.tui.messages import RecordsArrived, SourceFailed
-from monitor.tui.model import RunModel
-from monitor.tui.tail import RunTailer
-from monitor.tui.widgets.board import DetectorPanel
-from monitor.tui.widgets.header import RunHeader
-from monitor.tui.widgets.help import HelpScreen
-from monitor.tui.widgets.moe import MoePanel
-from monitor.tui.widgets.overview import OverviewPanel
-from monitor.tui.widgets.recommendations import RecommendationPanel
-from monitor.tui.widgets.samples import SamplesPanel
+from grpo_monitor.monitor.runlog import RUN_FILE
+from grpo_monitor.monitor.tui.messages import RecordsArrived, SourceFailed
+from grpo_monitor.monitor.tui.model import RunModel
+from grpo_monitor.monitor.tui.tail import RunTailer
+from grpo_monitor.monitor.tui.widgets.board import DetectorPanel
+from grpo_monitor.monitor.tui.widgets.header import RunHeader
+from grpo_monitor.monitor.tui.widgets.help import HelpScreen
+from grpo_monitor.monitor.tui.widgets.moe import MoePanel
+from grpo_monitor.monitor.tui.widgets.overview import OverviewPanel
+from grpo_monitor.monitor.tui.widgets.recommendations import RecommendationPanel
+from grpo_monitor.monitor.tui.widgets.samples import SamplesPanel
 
 TABS = ["overview", "detectors", "recommendations", "samples", "moe"]
 TAB_TITLES = {
@@ -51,8 +51,8 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
 
     Raises ``monitor.sources.SourceError`` (one line) when the path is not a readable log.
     """
-    from monitor.engine import Engine
-    from monitor.sources import load_source
+    from grpo_monitor.monitor.engine import Engine
+    from grpo_monitor.monitor.sources import load_source
 
     src = load_source(path)
     ctx = src.context
@@ -80,7 +80,7 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
         if run.summary:
             records.append(dict(run.summary))
         return records
-    from monitor.recommend import Recommender
+    from grpo_monitor.monitor.recommend import Recommender
 
     engine = Engine(ctx)
     recommender = Recommender(ctx.config, is_moe=ctx.is_moe)

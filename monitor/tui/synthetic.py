@@ -6,7 +6,7 @@ The run tells a familiar story: entropy collapses from step 24 (a critical
 functions of the step, so two builds are byte-identical.
 
 >>> import tempfile, pathlib
->>> from monitor.runlog import read_run
+>>> from grpo_monitor.monitor.runlog import read_run
 >>> d = pathlib.Path(tempfile.mkdtemp()) / "run"
 >>> write_synthetic_run(d, steps=50)
 >>> log = read_run(d)
@@ -21,8 +21,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from detectors.base import DETECTOR_IDS
-from monitor.runlog import RunWriter
+from grpo_monitor.detectors.base import DETECTOR_IDS
+from grpo_monitor.monitor.runlog import RunWriter
 
 T0 = 1_700_000_000.0
 REWARD_FUNCS = ["correctness_reward", "format_reward"]

@@ -14,7 +14,7 @@ read when shown: the dashboard's memory and start-up time do not grow with the s
 >>> t = RunTailer(d)
 >>> t.poll().records
 []
->>> from monitor.runlog import RunWriter
+>>> from grpo_monitor.monitor.runlog import RunWriter
 >>> w = RunWriter(d); _ = w.header(run_id="r", config={}); w.close()
 >>> [r["type"] for r in t.poll().records]
 ['header']
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitor.runlog import RUN_FILE, RunLogError, SampleIndex, parse_line
+from grpo_monitor.monitor.runlog import RUN_FILE, RunLogError, SampleIndex, parse_line
 
 _SAMPLES_RE = re.compile(r"^samples\.rank(\d+)\.jsonl$")
 # One poll reads at most this much of one file, so a huge finished run arrives in batches

@@ -9,10 +9,10 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, Static
 
-from detectors.base import DETECTOR_IDS
-from monitor.tui.model import RunModel
-from monitor.tui.text import literal, one_line, visible
-from monitor.tui.widgets.common import STATE_ROLE, evidence_text, role_style, short
+from grpo_monitor.detectors.base import DETECTOR_IDS
+from grpo_monitor.monitor.tui.model import RunModel
+from grpo_monitor.monitor.tui.text import literal, one_line, visible
+from grpo_monitor.monitor.tui.widgets.common import STATE_ROLE, evidence_text, role_style, short
 
 
 class DetectorPanel(Vertical):

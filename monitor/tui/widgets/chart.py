@@ -22,7 +22,7 @@ from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
 
-from monitor.tui.model import RunModel
+from grpo_monitor.monitor.tui.model import RunModel
 
 # Braille dot bits by (row in cell 0..3, column in cell 0..1).
 _DOTS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.uint16)

@@ -10,7 +10,7 @@ from typing import Any
 from rich.style import Style
 from textual.app import App
 
-from monitor.tui.widgets.chart import fmt
+from grpo_monitor.monitor.tui.widgets.chart import fmt
 
 # Theme variables that Textual derives so text stays readable on the theme's background,
 # in dark and light themes alike.

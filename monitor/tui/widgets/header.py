@@ -7,9 +7,9 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from monitor.tui.model import RunModel
-from monitor.tui.text import visible
-from monitor.tui.widgets.common import role_style
+from grpo_monitor.monitor.tui.model import RunModel
+from grpo_monitor.monitor.tui.text import visible
+from grpo_monitor.monitor.tui.widgets.common import role_style
 
 
 def _g(v: Any) -> str:
@@ -37,7 +37,7 @@ class RunHeader(Static):
         if key == getattr(self, "_judged_key", None):
             return getattr(self, "_judged", None)
         try:
-            from monitor.analysis import coverage_from_states, judgement_line
+            from grpo_monitor.monitor.analysis import coverage_from_states, judgement_line
 
             found = [n for n in names if model.latest_metric(n) is not None]
             cov = coverage_from_states(model.header, found, model.detector_states)

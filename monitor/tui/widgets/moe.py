@@ -12,9 +12,9 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Label
 
-from monitor.tui.messages import LayerChanged
-from monitor.tui.model import RunModel
-from monitor.tui.widgets.chart import LineChart, SeriesSpec, fmt
+from grpo_monitor.monitor.tui.messages import LayerChanged
+from grpo_monitor.monitor.tui.model import RunModel
+from grpo_monitor.monitor.tui.widgets.chart import LineChart, SeriesSpec, fmt
 
 # Load relative to a uniform router (1/E): shade by how far an expert is over or under its share.
 _SHADES = [(0.25, " "), (0.75, "░"), (1.5, "▒"), (3.0, "▓"), (float("inf"), "█")]

@@ -7,10 +7,10 @@ from textual.app import ComposeResult
 from textual.containers import Grid, VerticalScroll
 from textual.widgets import Static
 
-from monitor.tui.model import RunModel
-from monitor.tui.text import one_line, visible
-from monitor.tui.widgets.chart import LineChart, SeriesSpec
-from monitor.tui.widgets.common import role_style, short
+from grpo_monitor.monitor.tui.model import RunModel
+from grpo_monitor.monitor.tui.text import one_line, visible
+from grpo_monitor.monitor.tui.widgets.chart import LineChart, SeriesSpec
+from grpo_monitor.monitor.tui.widgets.common import role_style, short
 
 
 def _length(model: RunModel) -> list[SeriesSpec]:

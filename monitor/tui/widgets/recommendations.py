@@ -10,9 +10,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Label, TextArea
 
-from monitor.tui.model import RunModel
-from monitor.tui.text import one_line, visible
-from monitor.tui.widgets.common import pyrepr, role_style, short
+from grpo_monitor.monitor.tui.model import RunModel
+from grpo_monitor.monitor.tui.text import one_line, visible
+from grpo_monitor.monitor.tui.widgets.common import pyrepr, role_style, short
 
 _UNSET = object()
 

@@ -18,10 +18,10 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Label, Static
 
-from monitor.tui.model import RunModel
-from monitor.tui.text import literal, one_line, visible
-from monitor.tui.widgets.common import role_style, short
-from monitor.tui.widgets.chart import fmt
+from grpo_monitor.monitor.tui.model import RunModel
+from grpo_monitor.monitor.tui.text import literal, one_line, visible
+from grpo_monitor.monitor.tui.widgets.common import role_style, short
+from grpo_monitor.monitor.tui.widgets.chart import fmt
 
 MAX_ROWS = 500  # newest matching samples shown; a filter narrows the rest down
 SCAN_SAMPLES = 200_000  # samples a filter reads at most, newest steps first
