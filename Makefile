@@ -3,13 +3,15 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Where torch comes from: empty for pip's own index; https://download.pytorch.org/whl/cpu for the CPU-only build.
+TORCH_INDEX ?=
 
 .PHONY: setup demo test bench clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -c requirements/constraints.txt -e '.[train,tui,tensorboard,dev]'
 	touch $(STAMP)
 

@@ -21,7 +21,10 @@ rlwatch is looked up in the current interpreter, then in ``.venv-bench`` (a venv
 ``python -m venv --system-site-packages .venv-bench`` and ``pip install rlwatch==0.5.1``). Without
 it the comparison columns read "n/a".
 
-    python benchmarks/detection.py [--seeds 5] [--history 100000]
+    python benchmarks/detection.py [--seeds 5] [--history 100000] [--cost-only]
+
+``--cost-only`` measures the cost alone and rewrites only the cost part of the section (with the
+per-detector breakdown of ``benchmarks/detector_cost.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import io
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -44,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results import update_section
+from benchmarks.results import RESULTS, stamp, update_section
 from grpo_monitor.detectors import ALL_DETECTORS
 from grpo_monitor.fixtures.synthetic import CASES, FAILURES, HEALTHY, generate
 from grpo_monitor.monitor.engine import Engine
@@ -279,7 +283,7 @@ def fmt(x, digits=1):
 
 
 def render(ours: dict, rlw: dict | None, per_case: list[tuple[Case, dict, dict | None]], cost: dict, seeds: int,
-           rl_where: str | None, elapsed: float) -> str:
+           rl_where: str | None, elapsed: float, per_detector: str | None = None) -> str:
     def frac(a, b):
         return f"{a}/{b}"
 
@@ -306,19 +310,7 @@ def render(ours: dict, rlw: dict | None, per_case: list[tuple[Case, dict, dict |
         f"| worst delay, steps | {fmt(ours['max_delay_steps'])} | {fmt(rlw['max_delay_steps']) if rlw else 'n/a'} |",
         f"| failure runs with an unexpected extra alarm | {frac(ours['unexpected_alarm_runs'], ours['failure_runs'])} | n/a |",
         "",
-        "Per-update cost (median µs, same process, interleaved step by step on one stationary healthy stream):",
-        "",
-        "| | at 1k steps of history | at {:,} steps | ratio |".format(cost["history"]),
-        "|---|---|---|---|",
-    ]
-    r_ours = cost["ours_late_us"] / cost["ours_early_us"] if cost["ours_early_us"] else None
-    r_s = (cost["ours_samples_late_us"] / cost["ours_samples_early_us"]) if cost["ours_samples_early_us"] else None
-    r_rl = (cost["rlwatch_late_us"] / cost["rlwatch_early_us"]) if cost.get("rlwatch_early_us") else None
-    lines += [
-        f"| grpo-monitor, all {len(ALL_DETECTORS)} detectors, metrics only | {fmt(cost['ours_early_us'])} | {fmt(cost['ours_late_us'])} | {fmt(r_ours, 2)} |",
-        f"| grpo-monitor, plus a 32-completion sample batch per step | {fmt(cost['ours_samples_early_us'])} | {fmt(cost['ours_samples_late_us'])} | {fmt(r_s, 2)} |",
-        f"| rlwatch `log_step` (7 detectors + SQLite write) | {fmt(cost.get('rlwatch_early_us'))} | {fmt(cost.get('rlwatch_late_us'))} | {fmt(r_rl, 2)} |",
-        "",
+        render_cost(cost, per_detector),
     ]
     targets = []
     all_variants = all(r.get("variant_ok") for _, r, _ in per_case if not r["healthy"])
@@ -329,10 +321,6 @@ def render(ours: dict, rlw: dict | None, per_case: list[tuple[Case, dict, dict |
     if rlw:
         targets.append(("fewer false alarms than rlwatch", ours["false_alarm_runs"] < rlw["false_alarm_runs"]))
         targets.append(("more correct variants than rlwatch", ours["variant_ok"] > rlw["variant_ok"]))
-    targets.append(("cost ratio 100k/1k ≤ 1.5", r_ours is not None and r_ours <= 1.5))
-    if cost.get("rlwatch_late_us"):
-        targets.append(("our metrics-only update not above rlwatch's log_step (at 1k and at the long history)",
-                        cost["ours_early_us"] <= cost["rlwatch_early_us"] and cost["ours_late_us"] <= cost["rlwatch_late_us"]))
     lines += ["Targets: " + "; ".join(f"{t}: {'met' if ok else 'NOT met'}" for t, ok in targets) + ".", ""]
     # Per-case detail for the public runs and any miss.
     lines += ["| run | expected | grpo-monitor: first alarm(s) | rlwatch: first alert(s) |", "|---|---|---|---|"]
@@ -346,6 +334,80 @@ def render(ours: dict, rlw: dict | None, per_case: list[tuple[Case, dict, dict |
             exp += f" by step {case.labels['fail']}"
         lines.append(f"| {case.name} | {exp} | {r_ours_case.get('_first', '—')} | {r_rl_case.get('_first', '—') if r_rl_case else 'n/a'} |")
     return "\n".join(lines) + "\n"
+
+
+COST_BLOCK = "detection_cost"
+
+
+def render_cost(cost: dict, per_detector: str | None = None) -> str:
+    """The cost part of the section, in its own marked block so ``--cost-only`` can rewrite it alone."""
+    r_ours = cost["ours_late_us"] / cost["ours_early_us"] if cost["ours_early_us"] else None
+    r_s = (cost["ours_samples_late_us"] / cost["ours_samples_early_us"]) if cost["ours_samples_early_us"] else None
+    r_rl = (cost["rlwatch_late_us"] / cost["rlwatch_early_us"]) if cost.get("rlwatch_early_us") else None
+    lines = [
+        f"<!-- {COST_BLOCK}:begin -->",
+        "Per-update cost (median µs, same process, interleaved step by step on one stationary healthy stream; "
+        f"cost measured {stamp().strip('_')}):",
+        "",
+        "| | at 1k steps of history | at {:,} steps | ratio |".format(cost["history"]),
+        "|---|---|---|---|",
+        f"| grpo-monitor, all {len(ALL_DETECTORS)} detectors, metrics only | {fmt(cost['ours_early_us'])} | {fmt(cost['ours_late_us'])} | {fmt(r_ours, 2)} |",
+        f"| grpo-monitor, plus a 32-completion sample batch per step | {fmt(cost['ours_samples_early_us'])} | {fmt(cost['ours_samples_late_us'])} | {fmt(r_s, 2)} |",
+        f"| rlwatch `log_step` (7 detectors + SQLite write) | {fmt(cost.get('rlwatch_early_us'))} | {fmt(cost.get('rlwatch_late_us'))} | {fmt(r_rl, 2)} |",
+        "",
+    ]
+    targets = [("cost ratio 100k/1k ≤ 1.5", r_ours is not None and r_ours <= 1.5)]
+    if cost.get("rlwatch_late_us"):
+        targets.append(("our metrics-only update not above rlwatch's log_step (at 1k and at the long history)",
+                        cost["ours_early_us"] <= cost["rlwatch_early_us"] and cost["ours_late_us"] <= cost["rlwatch_late_us"]))
+    lines += ["Cost targets: " + "; ".join(f"{t}: {'met' if ok else 'NOT met'}" for t, ok in targets) + ".", ""]
+    if per_detector:
+        lines += ["Per detector (`benchmarks/detector_cost.py`, same stream; µs, median (trimmed mean)):", "", per_detector.rstrip(), ""]
+    lines.append(f"<!-- {COST_BLOCK}:end -->")
+    return "\n".join(lines) + "\n"
+
+
+def _mark_cost_block(path: Path = RESULTS) -> None:
+    """Put the cost lines of a section written before the cost had its own block into one."""
+    if not path.exists():
+        return
+    text = path.read_text()
+    if f"<!-- {COST_BLOCK}:begin -->" in text or "<!-- detection:begin -->" not in text:
+        return
+    head, rest = text.split("<!-- detection:begin -->", 1)
+    section, tail = rest.split("<!-- detection:end -->", 1)
+    i = section.find("Per-update cost")
+    j = section.find("Targets:", i)
+    if i < 0 or j < 0:
+        return
+    targets_end = section.find("\n", j)
+    targets = section[j:targets_end]
+    for pat in (r"; cost ratio 100k/1k ≤ 1\.5: (?:met|NOT met)",
+                r"; our metrics-only update not above rlwatch's log_step \(at 1k and at the long history\): (?:met|NOT met)"):
+        targets = re.sub(pat, "", targets)
+    section = (section[:i] + f"<!-- {COST_BLOCK}:begin -->\n<!-- {COST_BLOCK}:end -->\n\n" + targets
+               + section[targets_end:])
+    path.write_text(head + "<!-- detection:begin -->" + section + "<!-- detection:end -->" + tail)
+
+
+def cost_only(history: int, no_write: bool) -> int:
+    from benchmarks.detector_cost import measure, render as render_table
+
+    rlwatch, _ = import_rlwatch()
+    with tempfile.TemporaryDirectory() as tmp:
+        cost = measure_cost(history, rlwatch, os.path.join(tmp, "cost"))
+    per = {"metrics": measure(history), "samples": measure(history, with_samples=True)}
+    body = render_cost(cost, render_table(history, per))
+    print(body)
+    if not no_write:
+        _mark_cost_block()
+        if f"<!-- {COST_BLOCK}:begin -->" not in (RESULTS.read_text() if RESULTS.exists() else ""):
+            print(f"detection: {RESULTS} has no detection section to put the cost into; run without --cost-only first",
+                  file=sys.stderr)
+            return 2
+        inner = body.split(f"<!-- {COST_BLOCK}:begin -->\n", 1)[1].rsplit(f"<!-- {COST_BLOCK}:end -->", 1)[0]
+        update_section(COST_BLOCK, inner)
+    return 0
 
 
 def first_alarms(out: Outcome, k: int = 3) -> str:
@@ -365,7 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--history", type=int, default=100_000)
     ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    ap.add_argument("--cost-only", action="store_true", help="measure the per-step cost only and rewrite only its lines")
     args = ap.parse_args(argv)
+    if args.cost_only:
+        return cost_only(args.history, args.no_write)
     t0 = time.time()
     rlwatch, where = import_rlwatch()
     cases = load_cases(args.seeds)
@@ -384,9 +449,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows_rl.append(sr)
             per_case.append((case, so, sr))
         cost = measure_cost(args.history, rlwatch, os.path.join(tmp, "cost"))
+    from benchmarks.detector_cost import measure, render as render_table
+
+    per = render_table(args.history, {"metrics": measure(args.history), "samples": measure(args.history, with_samples=True)})
     ours = summarise(rows_ours)
     rlw = summarise(rows_rl) if rows_rl else None
-    body = render(ours, rlw, per_case, cost, args.seeds, where, time.time() - t0)
+    body = render(ours, rlw, per_case, cost, args.seeds, where, time.time() - t0, per)
     print(body)
     if not args.no_write:
         update_section("detection", body)

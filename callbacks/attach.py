@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from grpo_monitor.callbacks.monitor_callback import MonitorCallback
+from grpo_monitor.monitor.runlog import RUN_FILE
 
 logger = logging.getLogger("grpo_monitor")
 
@@ -28,6 +30,59 @@ def _check_overrides_applied(args: Any, overrides: dict[str, Any]) -> None:
         )
 
 
+def _check_reward_roles(trainer: Any, options: dict[str, Any]) -> None:
+    """A named correctness or format reward must be one of the trainer's reward functions: a typo
+    would otherwise leave every sample's ``correct`` empty for the whole run."""
+    names = list(getattr(trainer, "reward_func_names", None) or [])
+    if not names:
+        return
+    for option in ("correctness_reward", "format_reward"):
+        value = options.get(option)
+        if value is not None and value not in names:
+            raise ValueError(f"{option}={value!r} is not one of this trainer's reward functions "
+                             f"({', '.join(names)}); pass one of those names")
+
+
+def _is_main_process(trainer: Any) -> bool:
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_main_process"):
+        return bool(accelerator.is_main_process)
+    return int(getattr(trainer.args, "process_index", 0) or 0) == 0
+
+
+def _say(message: str) -> None:
+    """An INFO line that shows by default: through logging where it is set up to show INFO, else
+    on stderr (Python's default logging drops INFO), and not at all where a user raised the
+    monitor's logger above INFO on purpose."""
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        logger.info(message)
+    elif logger.level == logging.NOTSET or logger.isEnabledFor(logging.INFO):
+        print(message, file=sys.stderr, flush=True)
+
+
+def _role(callback: MonitorCallback, option: str, given: dict[str, Any]) -> str:
+    name = getattr(callback, option)
+    if name is None:
+        return "none recognised"
+    return f"{name} ({'given' if given.get(option) else 'guessed from its name'})"
+
+
+def _announce(callback: MonitorCallback, given: dict[str, Any]) -> None:
+    """Where the run log goes and which reward functions the monitor takes as correctness and as
+    format; a warning naming the option when no correctness reward was recognised."""
+    names = callback.reward_names
+    _say(f"grpo-monitor: run log in {callback.run_dir / RUN_FILE}; correctness reward: "
+         f"{_role(callback, 'correctness_reward', given)}, format reward: {_role(callback, 'format_reward', given)}"
+         + (f" (reward functions: {', '.join(names)})" if names else ""))
+    if names and callback.correctness_reward is None:
+        candidates = [n for n in names if n != callback.format_reward] or names
+        logger.warning(
+            "grpo-monitor: none of the reward functions (%s) was recognised as the correctness reward, so no "
+            "sample is marked right or wrong: the run header records none, the dashboard's ok column and correct "
+            "filter stay empty, and detectors that read correctness go without it. Name it: "
+            "attach(trainer, correctness_reward=%r)", ", ".join(names), candidates[0])
+
+
 def attach(
     trainer: Any,
     run_dir: str | os.PathLike[str] | None = None,
@@ -42,7 +97,8 @@ def attach(
     ``run_dir`` defaults to ``<output_dir>/grpo-monitor``; under ``grpo-monitor supervise`` the
     supervisor's segment directory wins. Options:
     ``detectors`` (a list replacing the built-in set), ``correctness_reward`` / ``format_reward``
-    (reward function names; guessed from the names otherwise), ``correct_threshold`` (a correctness
+    (reward function names, checked against the trainer's; guessed from the names otherwise, and
+    a warning names the option when no correctness reward is recognised), ``correct_threshold`` (a correctness
     reward above it counts as correct; default 0), ``moe_probe_every`` (routing flip-rate probe
     interval in steps), ``router_tap`` (False: no hooks on a MoE model's routers, so no ``moe/*``
     routing metrics), ``max_text_chars`` (characters of prompt/completion text kept per sample: its
@@ -61,7 +117,8 @@ def attach(
     ``require_reward_gate=True`` refuses to train (``RewardGateError``, naming the command to run)
     until ``grpo-monitor inspect-rewards`` has saved a passed verdict for these reward functions in
     the run directory, with at least ``gate_min_agreement`` of the judged samples agreed with.
-    ``dashboard=True`` prints the ``grpo-monitor watch`` command for this run.
+    ``dashboard=True`` prints the ``grpo-monitor watch`` command for this run. The main process says
+    once where the run log goes and which reward functions count as correctness and as format.
 
     >>> monitor_cb = attach(trainer)          # doctest: +SKIP
     >>> trainer.train()                       # doctest: +SKIP
@@ -95,8 +152,11 @@ def attach(
 
         # Checked here, so a mistyped option fails at attach time rather than as a warning mid-run.
         options["alerts"] = AlertOptions.of({k: options.pop(k) for k in list(options) if k == "alerts" or k.startswith("alerts_")})
+    _check_reward_roles(trainer, options)
     callback = MonitorCallback(trainer, directory, **options)
     trainer.add_callback(callback)
+    if _is_main_process(trainer):
+        _announce(callback, options)
     if dashboard and getattr(trainer.args, "process_index", 0) == 0:
         print(f"grpo-monitor: watch this run in another terminal with:  grpo-monitor watch {directory}")
     return callback

@@ -39,6 +39,7 @@ from grpo_monitor.monitor.engine import Engine
 from grpo_monitor.monitor.memory import system_metrics
 from grpo_monitor.monitor.metrics import SUMMARY_KEYS, normalize_metrics
 from grpo_monitor.monitor.recommend import Recommender
+from grpo_monitor.monitor.recommend import title as rec_title
 from grpo_monitor.monitor.runlog import RunWriter, _jsonable, batch_index
 
 logger = logging.getLogger("grpo_monitor")
@@ -220,7 +221,7 @@ class MonitorCallback(TrainerCallback):
         self.context.config = config
         self.context.model = facts
         self.engine = Engine(self.context, self._detectors, on_error=self.report_error)
-        self.recommender = Recommender(config, is_moe=self.context.is_moe, tried=self.tried)
+        self.recommender = Recommender(config, is_moe=self.context.is_moe, tried=self.tried, segment=self.segment)
         self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0)
         if state.is_world_process_zero:
             self.writer.header(
@@ -243,7 +244,10 @@ class MonitorCallback(TrainerCallback):
             )
             lint_findings = self._guard("lint", self._lint, state) or []
             if lint_findings:
-                self.writer.write(*({"type": "finding", **f.to_dict()} for f in lint_findings))
+                # A pre-flight finding that names a variant carries its diff like any other finding.
+                recs = self._guard("recommendations", lambda: [
+                    r for r in (self.recommender(f.to_dict()) for f in lint_findings) if r is not None]) or []
+                self.writer.write(*({"type": "finding", **f.to_dict()} for f in lint_findings), *recs)
             for f in lint_findings:
                 # logging_steps > 1 is said once, here, in one line: detection is coarser, nothing else changes.
                 logger.log(logging.INFO if f.severity == "info" and f.detector != "config_logging_steps" else logging.WARNING,
@@ -317,7 +321,10 @@ class MonitorCallback(TrainerCallback):
             self._guard("samples", writer.samples, local)
         if samples:
             metrics.update(sample_metrics(samples))
-        record: dict[str, Any] = {"type": "step", "step": step, "time": time.time(), "metrics": metrics}
+        now = time.time()
+        # The wall clock as a metric too: detectors see metrics only, and a stall shows in its gaps.
+        metrics["system/wall_time"] = now
+        record: dict[str, Any] = {"type": "step", "step": step, "time": now, "metrics": metrics}
         if self.router_tap is not None:
             moe = self._guard("router tap", self.router_tap.collect, step)
             if moe:
@@ -336,7 +343,7 @@ class MonitorCallback(TrainerCallback):
             for f in findings:
                 logger.warning("grpo-monitor: [%s] %s at step %d: %s", f.severity, f.detector, f.step, f.message)
             for r in recs:
-                logger.warning("grpo-monitor: recommended %s: %s", r["variant"], r["python"])
+                logger.warning("grpo-monitor: %s: %s", rec_title(r), r["python"] or r["extra"].get("advice", ""))
             if self.alerts is not None:
                 self._guard("alerts", self.alerts.on_step, step, record.get("detectors", {}), findings, recs)
         self.last_step_written = step
@@ -367,7 +374,8 @@ class MonitorCallback(TrainerCallback):
                 f"**[{f.severity}] {f.detector}** at step {f.step}"
                 + (f" (onset ~{f.onset_step})" if f.onset_step is not None else "") + f": {f.message}"
                 for f in findings)
-            text += "".join(f"\n\nRecommended **{r['variant']}**: `{r['python']}` — `{r['cli_flags']}`" for r in recs)
+            text += "".join((f"\n\nRecommended **{r['variant']}**" if r.get("status") == "recommended" else f"\n\n**{rec_title(r)}**")
+                            + f": `{r['python']}` — `{r['cli_flags']}`" for r in recs)
             writer.add_text("grpo_monitor/findings", text, step)
         writer.flush()
 

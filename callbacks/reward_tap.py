@@ -7,7 +7,9 @@ sample per completion: position in the global batch, group, token length, trunca
 reward of each component, and what the detectors read from the text, measured on the whole
 completion while it is whole (``chars``, ``tail_rep``: repeated 4-gram share of its last 200
 words, ``text_hash``: a fingerprint of the whole text, ``top_word``: the share of those words taken
-by the commonest one, recorded only where it is high). Text itself is kept only for the
+by the commonest one, recorded only where it is high), ``distinct_tokens`` (distinct token ids of the
+completion: ``!!!!`` to the cap is one) and ``other_script`` (share of its letters in another script than
+its prompt's). Text itself is kept only for the
 completions a ``SampleRetention`` policy picks, as an excerpt of its head and tail.
 Recording failures are reported by the owner's error handler and never reach the trainer.
 """
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from grpo_monitor.detectors.language_mixing import dominant_script, other_script_share
 from grpo_monitor.detectors.signals import TOP_WORD_RECORDED, repeated_ngram_share, sample_reward, text_hash, top_word_share
 from grpo_monitor.monitor.metrics import to_value
 
@@ -52,7 +55,7 @@ def _text(x: Any) -> str:
 
 
 class _Batch:
-    __slots__ = ("ids", "prompts", "completions", "rewards", "signals")
+    __slots__ = ("ids", "prompts", "completions", "rewards", "signals", "extra")
 
     def __init__(self, ids: Any, prompts: Any, completions: Any) -> None:
         self.ids = ids  # held so its id() cannot be reused by a later batch
@@ -60,6 +63,7 @@ class _Batch:
         self.completions = completions
         self.rewards: dict[str, list[float | None]] = {}
         self.signals: Any = None  # a Future of text_signals(completions), or None
+        self.extra: Any = None  # a Future of extra_signals(prompts, completions, ids), or None
 
 
 def text_signals(completions: Sequence[Any]) -> list[tuple[int, float | None, int, float | None] | None]:
@@ -76,6 +80,29 @@ def text_signals(completions: Sequence[Any]) -> list[tuple[int, float | None, in
         # the words of the others, nearly all of them, are not counted.
         top = top_word_share(text) if rep is not None and rep >= 0.1 else None
         out.append((len(text), rep, text_hash(text), top if top is not None and top >= TOP_WORD_RECORDED else None))
+    return out
+
+
+def extra_signals(prompts: Sequence[Any] | None, completions: Sequence[Any] | None,
+                  ids: Sequence[Any]) -> list[tuple[int | None, float | None]]:
+    """``(distinct_tokens, other_script)`` of each completion: the number of distinct token ids (None
+    when the ids are not a list) and the share of its letters in another script than its prompt's
+    (None when either has no letters)."""
+    n = len(ids)
+    scripts: dict[int, str | None] = {}
+    out: list[tuple[int | None, float | None]] = []
+    for i in range(n):
+        seq = ids[i]
+        distinct = len(set(seq)) if type(seq) is list else None
+        other = None
+        p = prompts[i] if prompts is not None and i < len(prompts) else None
+        c = completions[i] if completions is not None and i < len(completions) else None
+        if p is not None and c is not None:
+            key = id(p)  # a group's completions share one prompt object: its script is read once
+            if key not in scripts:
+                scripts[key] = dominant_script(p if type(p) is str else _text(p))
+            other = other_script_share(c if type(c) is str else _text(c), scripts[key])
+        out.append((distinct, other))
     return out
 
 
@@ -157,9 +184,10 @@ class RewardTap:
 
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-monitor-tap")
             batch.signals = self._pool.submit(text_signals, batch.completions)
+            batch.extra = self._pool.submit(extra_signals, batch.prompts, batch.completions, batch.ids)
         except Exception:  # no thread to be had (interpreter shutting down): measured at the log
             self.background = False
-            batch.signals = None
+            batch.signals = batch.extra = None
 
     def close(self) -> None:
         if self._pool is not None:
@@ -197,6 +225,15 @@ class RewardTap:
                     self._on_error("reward tap", exc)
         if signals is None or len(signals) != n:
             signals = text_signals([completions[i] for i in range(n)])
+        extra = None
+        if batch.extra is not None:
+            try:
+                extra = batch.extra.result()
+            except Exception as exc:
+                if self._on_error is not None:
+                    self._on_error("reward tap", exc)
+        if extra is None or len(extra) != n:
+            extra = extra_signals(batch.prompts, batch.completions, ids)
         correct_vals = batch.rewards.get(self.correctness_reward) if self.correctness_reward is not None else None
         threshold = self.correct_threshold
         out = []
@@ -226,6 +263,11 @@ class RewardTap:
                 record["chars"], record["tail_rep"], record["text_hash"], top = sig
                 if top is not None:
                     record["top_word"] = top
+            distinct, other = extra[i]
+            if distinct is not None:
+                record["distinct_tokens"] = distinct
+            if other is not None:
+                record["other_script"] = other
             out.append(record)
             texts.append((prompts[i], c))
         return out
@@ -333,12 +375,12 @@ def _int(v: Any) -> int:
 
 
 # -- the rank exchange -------------------------------------------------------------------------
-# Ranks exchange each completion's numbers in one packed array (never text): 48 bytes plus 8 per
+# Ranks exchange each completion's numbers in one packed array (never text): 60 bytes plus 8 per
 # reward component, whatever the completion's length.
 
 _FIXED = [("index", "<i8"), ("group", "<i8"), ("length", "<i4"), ("chars", "<i4"), ("rank", "<i2"),
           ("truncated", "u1"), ("correct", "i1"), ("flags", "u1"), ("tail_rep", "<f8"), ("text_hash", "<i8"),
-          ("top_word", "<f8")]
+          ("top_word", "<f8"), ("distinct_tokens", "<i4"), ("other_script", "<f8")]
 _HAS_TEXT = 1  # flags: the record carries text signals (chars, tail_rep, text_hash)
 
 
@@ -371,6 +413,10 @@ def pack_samples(samples: Sequence[Mapping[str, Any]]) -> tuple[int, list[str], 
         cols["text_hash"].append(h if type(h) is int else -1)
         w = s.get("top_word")
         cols["top_word"].append(w if isinstance(w, float) else math.nan)
+        d = s.get("distinct_tokens")
+        cols["distinct_tokens"].append(d if type(d) is int and d >= 0 else -1)
+        o = s.get("other_script")
+        cols["other_script"].append(float(o) if isinstance(o, (int, float)) and not isinstance(o, bool) else math.nan)
         rewards = s.get("rewards") or {}
         for j, name in enumerate(names):
             v = rewards.get(name, _ABSENT)
@@ -419,6 +465,12 @@ def unpack_samples(packed: tuple[int, list[str], bytes, bytes]) -> list[dict[str
             w = cols["top_word"][i]
             if w == w:
                 rec["top_word"] = w
+        d = cols["distinct_tokens"][i]
+        if d >= 0:
+            rec["distinct_tokens"] = d
+        o = cols["other_script"][i]
+        if o == o:
+            rec["other_script"] = o
         out.append(rec)
     return out
 

@@ -28,6 +28,17 @@ DETECTOR_IDS = (
     "moe_model_detected",
     "rollout_mismatch",
     "sudden_collapse",
+    "broken_generation",
+    "advantage_mask_bug",
+    "language_mixing",
+    "memory_pressure",
+    "stall",
+    "entropy_rise",
+    "grad_norm_spike",
+    "length_collapse",
+    "no_improvement",
+    "reward_function_bug",
+    "truncation",
 )
 
 Metrics = Mapping[str, "float | None"]

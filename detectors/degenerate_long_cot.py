@@ -118,18 +118,39 @@ class DegenerateLongCot(EpisodeDetector):
                                                                                       high=1.5 * self.entropy_ratio):
             for track in (self.length, self.clipped, self.correct):
                 track.force_early(step)
+        # The pushes below are ``LevelTrack.push`` written out for tracks whose baseline is set.
         L = get(metrics, "completions/mean_length")
         if L is not None and L > 0:
-            self.length.push(step, L)
+            track = self.length
+            if track.baseline.value is None:
+                track.push(step, L)
+            else:
+                track.window.steps.append(step)
+                track.window.values.append(L)
         c = get(metrics, "completions/clipped_ratio")
         if c is not None:
-            self.clipped.push(step, c)
+            track = self.clipped
+            if track.baseline.value is None:
+                track.push(step, c)
+            else:
+                track.window.steps.append(step)
+                track.window.values.append(c)
         r = self.correctness.value(metrics)
         if r is not None:
-            self.correct.push(step, r)
+            track = self.correct
+            if track.baseline.value is None:
+                track.push(step, r)
+            else:
+                track.window.steps.append(step)
+                track.window.values.append(r)
         t = get(metrics, "reward")
         if t is not None:
-            self.total.push(step, t)
+            track = self.total
+            if track.baseline.value is None:
+                track.push(step, t)
+            else:
+                track.window.steps.append(step)
+                track.window.values.append(t)
         if self.cap is None:
             m = get(metrics, "completions/max_length")
             if m is not None and m > 0:
@@ -142,16 +163,20 @@ class DegenerateLongCot(EpisodeDetector):
             self.repetition.push(step, rep)
         if h is None and L is None and c is None:
             return None
-        if self._saw_entropy and not self.entropy.ready:
+        e_base = self.entropy.baseline.value
+        if self._saw_entropy and e_base is None:
             return Assessment(warming_up=True)
-        if not (self.length.ready or self.clipped.ready):
+        if self.length.baseline.value is None and self.clipped.baseline.value is None:
             return Assessment(warming_up=True)
-        if not self.in_episode and h is not None and self.entropy.ready:
-            base = self.entropy.base or 0.0
+        if not self.in_episode and h is not None and e_base is not None:
+            base = e_base or 0.0
             if h < (1.0 + 0.5 * (self.entropy_ratio - 1.0)) * base:
                 # This point is far below the rise a median of recent points would need.
-                return Assessment(level=0, evidence={"entropy": {"latest": h, "baseline": base, "threshold_ratio": self.entropy_ratio}})
+                return (self._far_evidence, h, base)
         return self._judge(step)
+
+    def _far_evidence(self, h: float, base: float) -> dict[str, Any]:
+        return {"entropy": {"latest": h, "baseline": base, "threshold_ratio": self.entropy_ratio}}
 
     @property
     def length_cap(self) -> float | None:

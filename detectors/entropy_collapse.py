@@ -42,11 +42,13 @@ class _Corroborator:
         self.first: list[float] = []
 
     def push(self, step: int, v: float, freeze_from: int | None) -> None:
-        self.recent.push(step, v)
+        recent = self.recent.values
+        self.recent.steps.append(step)
+        recent.append(v)
         if len(self.first) < 3:
             self.first.append(v)
-        if self.base is None and freeze_from is not None and len(self.recent) >= self.half:
-            self.base = median(list(self.recent.values))
+        if self.base is None and freeze_from is not None and len(recent) >= self.half:
+            self.base = median(list(recent))
 
     def freeze(self, first_step: int) -> None:
         vals = [v for s, v in zip(self.recent.steps, self.recent.values) if s >= first_step]
@@ -174,26 +176,34 @@ class EntropyCollapse(EpisodeDetector):
             self.dup.push(step, dup, frozen)
         r = self.correctness.value(metrics)
         if r is not None:
-            self.correct.push(step, r)
+            correct = self.correct
+            correct.steps.append(step)
+            correct.values.append(r)
             if len(self.correct_first) < 3:
                 self.correct_first.append(r)
-            if self.correct_base is None and frozen is not None and len(self.correct) >= self.settle_half:
-                self.correct_base = median(self.correct.last(2 * self.settle_half))
+            if self.correct_base is None and frozen is not None and len(correct) >= self.settle_half:
+                self.correct_base = median(correct.last(2 * self.settle_half))
             if h is not None:
                 self._add_pair(h, r)
         if h is None:
             return None
-        if not self.entropy.ready:
+        base = self.entropy.baseline.value
+        if base is None:
             return Assessment(warming_up=True, evidence={"entropy": fin(h), "points": self.entropy.baseline.n})
-        return self._judge(step, h)
-
-    def _judge(self, step: int, h: float) -> Assessment:
-        base = self.entropy.base or 0.0
-        if not self.in_episode and h > 1.5 * self.trend_ratio * base:
+        if not self.in_episode and h > 1.5 * self.trend_ratio * (base or 0.0):
             # Far from any threshold (a median of recent points cannot be below it while this point
             # is this high on a healthy run): a cheap healthy verdict.
-            return Assessment(level=0, evidence={"entropy": h, "baseline": base, "ratio_to_baseline": h / base if base else None,
-                                                 "threshold_ratio": self.drop_ratio})
+            return (self._far_evidence, h, base or 0.0)
+        return self._judge(step, h)
+
+    def _far_evidence(self, h: float, base: float) -> dict[str, Any]:
+        return {"entropy": h, "baseline": base, "ratio_to_baseline": h / base if base else None,
+                "threshold_ratio": self.drop_ratio}
+
+    def _judge(self, step: int, h: float) -> Assessment | tuple[Any, ...]:
+        base = self.entropy.base or 0.0
+        if not self.in_episode and h > 1.5 * self.trend_ratio * base:
+            return (self._far_evidence, h, base)
         k = self.clock.points()
         ratio = self.entropy.ratio(k) or 1.0
         last = h / base if base > 0 else 1.0

@@ -22,7 +22,15 @@ STATES = ("warming_up", "ok", "warning", "critical")
 
 class Assessment:
     """What a detector concluded at one step: ``level`` 0 (healthy), 1 (first evidence) or 2
-    (corroborated and persistent), its evidence, the estimated onset, or that it is warming up."""
+    (corroborated and persistent), its evidence, the estimated onset, or that it is warming up.
+
+    ``evidence`` is a dict, or a tuple ``(build, *args)`` whose dict ``build(*args)`` is made only
+    when someone reads it: a healthy step's evidence is read far less often than it is produced.
+    ``_assess`` may also return such a tuple alone for a plain healthy verdict (level 0).
+
+    >>> Assessment(1, {"ratio": 0.2}, onset_step=40).level, materialize((dict, {"ratio": 0.9}))
+    (1, {'ratio': 0.9})
+    """
 
     __slots__ = ("evidence", "level", "onset_step", "warming_up")
 
@@ -32,6 +40,11 @@ class Assessment:
         self.evidence = {} if evidence is None else evidence
         self.onset_step = onset_step
         self.warming_up = warming_up
+
+
+def materialize(evidence: Any) -> dict[str, Any]:
+    """The evidence dict of an ``Assessment.evidence`` (built now when it was deferred)."""
+    return evidence[0](*evidence[1:]) if type(evidence) is tuple else evidence
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
@@ -60,11 +73,20 @@ class EpisodeDetector(Detector):
     # An episode also needs this many training steps of health to end (fine logs clear slower).
     clear_steps: int = 10
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The fused ``update`` below skips ``_update``: a subclass with its own goes the long way.
+        if "_update" in cls.__dict__ and "update" not in cls.__dict__:
+            cls.update = Detector.update  # type: ignore[method-assign]
+
     @property
     def last_evidence(self) -> dict[str, Any]:
-        """The latest assessment's evidence, JSON-safe (tidied on read: dashboards read it far
-        less often than detectors write it)."""
-        return tidy(self._evidence)  # type: ignore[return-value]
+        """The latest assessment's evidence, JSON-safe (built and tidied on read: dashboards read
+        it far less often than detectors write it)."""
+        ev = self._evidence
+        if type(ev) is tuple:
+            ev = self._evidence = ev[0](*ev[1:])
+        return tidy(ev)  # type: ignore[return-value]
 
     @last_evidence.setter
     def last_evidence(self, value: dict[str, Any]) -> None:
@@ -107,6 +129,37 @@ class EpisodeDetector(Detector):
         return (self.context.is_moe and self.variant not in (None, "gspo")
                 and cfg.get("importance_sampling_level") != "sequence")
 
+    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+        # ``Detector.update`` and ``_update`` in one call: this runs for every detector at every step.
+        self.n_updates += 1
+        if type(step) is not int:
+            step = int(step)
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):
+            metrics = {}
+        clock = self.clock
+        cs = clock._steps
+        if not cs or step > cs[-1]:  # StepClock.tick
+            cs.append(step)
+            clock._gap = None
+        a = self._assess(step, metrics, samples or ())
+        if a is None:
+            return []
+        if type(a) is tuple:
+            self._evidence = a
+            if not self.in_episode:
+                self.state = "ok"
+                self._pending = 0
+                self._pending_onset = None
+                return []
+            return self._settle(step, Assessment(0, a))
+        self._evidence = a.evidence
+        if a.level == 0 and not self.in_episode:
+            self.state = "warming_up" if a.warming_up else "ok"
+            self._pending = 0
+            self._pending_onset = None
+            return []
+        return self._settle(step, a)
+
     def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
             metrics = {}
@@ -114,6 +167,8 @@ class EpisodeDetector(Detector):
         a = self._assess(step, metrics, samples)
         if a is None:
             return []
+        if type(a) is tuple:
+            a = Assessment(0, a)
         self._evidence = a.evidence
         if a.level == 0 and not self.in_episode:
             # The common, healthy path.
@@ -151,6 +206,14 @@ class EpisodeDetector(Detector):
                 a = assess(step, metrics, smp or ())
                 if a is None:
                     continue
+                if type(a) is tuple:
+                    self._evidence = a
+                    if not self.in_episode:
+                        self.state = "ok"
+                        self._pending = 0
+                        self._pending_onset = None
+                        continue
+                    a = Assessment(0, a)
                 self._evidence = a.evidence
                 if a.level == 0 and not self.in_episode:
                     self.state = "warming_up" if a.warming_up else "ok"
@@ -195,7 +258,8 @@ class EpisodeDetector(Detector):
             if a.level > self._emitted:
                 severity = "critical" if a.level >= 2 else "warning"
                 self._emitted = a.level
-                evidence: dict[str, Any] = tidy(a.evidence)  # type: ignore[assignment]
+                raw = self._evidence = materialize(a.evidence)  # ``_overrides`` may read it
+                evidence: dict[str, Any] = tidy(raw)  # type: ignore[assignment]
                 variant, overrides, message = self.variant, self._overrides(), self._message(severity, evidence)
                 if self._moe_needs_gspo():
                     # The recipe requires GSPO's sequence-level ratio on MoE: any switch there is GSPO.

@@ -161,8 +161,6 @@ class LengthRewardCoupling(EpisodeDetector):
             w.values.append(tot)
         if samples:
             self._push_samples(step, samples)
-        # Fine logs: each point is one noisy step, so ask for twice the stretch of training.
-        self.confirm_steps = 20 if self.clock.gap <= 2 else 10
         L = metrics.get("completions/mean_length")
         if type(L) is not float:
             L = finite(L)
@@ -178,13 +176,19 @@ class LengthRewardCoupling(EpisodeDetector):
         else:
             length.window.steps.append(step)
             length.window.values.append(L)
-        if base is None or len(correct.values) < self.min_points:
-            return Assessment(warming_up=True, evidence={"points": len(length.window.values)})
         base = base or 0.0
-        if not self.in_episode and L < 0.8 * self.level_ratio * base:
-            # This point is far below the level a median of recent points would need.
-            return Assessment(level=0, evidence={"mean_length": {"latest": L, "baseline": base, "threshold_ratio": self.level_ratio}})
+        if base and not self.in_episode and L < 0.8 * self.level_ratio * base and len(correct.values) >= self.min_points:
+            # This point is far below the level a median of recent points would need. (A healthy
+            # verdict opens nothing, so the confirmation stretch set below is not needed here.)
+            return (self._far_evidence, L, base)
+        # Fine logs: each point is one noisy step, so ask for twice the stretch of training.
+        self.confirm_steps = 20 if self.clock.gap <= 2 else 10
+        if length.baseline.value is None or len(correct.values) < self.min_points:
+            return Assessment(warming_up=True, evidence={"points": len(length.window.values)})
         return self._judge(step)
+
+    def _far_evidence(self, L: float, base: float) -> dict[str, Any]:
+        return {"mean_length": {"latest": L, "baseline": base, "threshold_ratio": self.level_ratio}}
 
     def _window(self, w: Window, start: int) -> tuple[list[int], list[float]]:
         steps, vals = [], []
@@ -194,18 +198,21 @@ class LengthRewardCoupling(EpisodeDetector):
                 vals.append(v)
         return steps, vals
 
-    def _judge(self, step: int) -> Assessment:
+    def _level_evidence(self, recent: float, base: float, ratio: float) -> dict[str, Any]:
+        return {
+            "mean_length": {"recent": fin(recent), "baseline": fin(base), "ratio": fin(ratio),
+                            "threshold_ratio": self.level_ratio},
+        }
+
+    def _judge(self, step: int) -> Assessment | tuple[Any, ...]:
         k = 3 if self.clock.gap <= 2 else 2  # self.clock.points()
         base = self.length.baseline.value or 0.0
         recent = self.length.window.recent_median(k) or 0.0
         ratio = recent / base if base > 0 else 0.0
-        ev: dict[str, Any] = {
-            "mean_length": {"recent": fin(recent), "baseline": fin(base), "ratio": fin(ratio),
-                            "threshold_ratio": self.level_ratio},
-        }
         need = self.level_ratio * (0.9 if self.in_episode else 1.0)
         if ratio < need:
-            return Assessment(level=0, evidence=ev)
+            return (self._level_evidence, recent, base, ratio)
+        ev: dict[str, Any] = self._level_evidence(recent, base, ratio)
         # Trend window: the last span_steps steps, widened to min_points points.
         wsteps = list(self.length.window.steps)
         start = step - self.span_steps

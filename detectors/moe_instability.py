@@ -92,6 +92,7 @@ class MoeSighting:
 
 
 _DENSE: dict[str, Any] = {"moe": False}
+_DENSE_VERDICT = (dict, _DENSE)
 
 
 class MoeInstability(EpisodeDetector):
@@ -165,7 +166,7 @@ class MoeInstability(EpisodeDetector):
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if not self.sighting.see(metrics):
-            return Assessment(level=0, evidence=_DENSE)
+            return _DENSE_VERDICT
 
         def val(key: str) -> float | None:
             v = metrics.get(key)

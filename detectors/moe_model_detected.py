@@ -43,6 +43,15 @@ class MoeModelDetected(Detector):
         self.raised = False
         self.sighting = MoeSighting(self.context.is_moe)
 
+    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+        # ``Detector.update`` written out: once raised, every later step is this one test.
+        self.n_updates += 1
+        if type(step) is not int:
+            step = int(step)
+        if self.raised:
+            return []
+        return self._update(step, metrics, samples or ())
+
     def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
         if self.raised:
             return []

@@ -68,11 +68,11 @@ class NoLearningSignal(EpisodeDetector):
         self.best_reward: float | None = None
         self.lost = False
 
-    def _conditions(self, metrics: Metrics) -> tuple[list[str], bool]:
-        """The no-signal conditions holding at this step, and whether any was measurable."""
+    def _conditions(self, metrics: Metrics, fz: float | None) -> tuple[list[str], bool]:
+        """The no-signal conditions holding at this step, and whether any was measurable
+        (``fz``: the step's ``frac_reward_zero_std``)."""
         out = []
         measured = False
-        fz = get(metrics, "frac_reward_zero_std")
         if fz is not None:
             measured = True
             if fz >= self.level:
@@ -96,18 +96,19 @@ class NoLearningSignal(EpisodeDetector):
         entropy = self.entropy
         if entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
             entropy.force_if_moved(step, 2, low=self.defer_low, high=self.defer_high)
-        conds, measured = self._conditions(metrics)
+        fz = get(metrics, "frac_reward_zero_std")
+        conds, measured = self._conditions(metrics, fz)
         if not measured:
             return None
         flags = self.flags
-        flags.push(step, len(conds))
+        flags.steps.append(step)
+        flags.values.append(len(conds))
         self._last_conds = conds
         r = get(metrics, "reward")
         if r is not None:
             w = self.rewards
             w.steps.append(step)
             w.values.append(r)
-        fz = get(metrics, "frac_reward_zero_std")
         if not conds and (fz is None or fz <= 0.5):
             self.signal_points += 1
             self.last_signal_step = step
@@ -121,15 +122,15 @@ class NoLearningSignal(EpisodeDetector):
         else:
             run = 0
         self._run = run
+        if not run and not self.in_episode:
+            return (_plain_evidence, conds, run, k, self.level)
         # The flagged run must also cover persist_steps of training (a coarse point covers several).
         covered = (step - flags.steps[-run] + self.clock.gap) if run else 0
         # A coarse log (each point covering many steps) needs fewer points for the same stretch of training.
         need = max(2, min(k, -(-self.persist_steps // max(1, self.clock.gap)) + 1))
         sustained = run >= need and covered >= self.persist_steps
         long_sustained = run >= 2 * need and covered >= 2 * self.persist_steps
-        ev: dict[str, Any] = {"conditions": conds, "points_in_a_row": run, "persist_points": k, "level": self.level}
-        if not run and not self.in_episode:
-            return Assessment(level=0, evidence=ev)
+        ev = _plain_evidence(conds, run, k, self.level)
         deferred = None
         ratio = self.entropy.ratio(2)
         if ratio is not None:
@@ -193,3 +194,7 @@ class NoLearningSignal(EpisodeDetector):
             advice = "every completion in a group scores the same: make the task harder or the reward finer-grained."
         lead = "No learning signal" if severity == "critical" else "The learning signal is vanishing"
         return f"{lead}: {advice} No GRPO variant fixes this; the run is wasting compute."
+
+
+def _plain_evidence(conds: list[str], run: int, persist_points: int, level: float) -> dict[str, Any]:
+    return {"conditions": conds, "points_in_a_row": run, "persist_points": persist_points, "level": level}

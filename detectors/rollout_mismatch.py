@@ -55,6 +55,7 @@ IS_MAX = "sampling/importance_sampling_ratio/max"
 ESS = "mismatch/ess"
 MASKED = "mismatch/masked_fraction"
 MISMATCH_KEYS = tuple(k for k, _, _ in DRIFT_SERIES) + (IS_MEAN, ESS, MASKED)
+_MISMATCH_SET = frozenset(MISMATCH_KEYS)
 
 
 class _Series:
@@ -205,6 +206,8 @@ class RolloutMismatch(EpisodeDetector):
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
+            return None
+        if _MISMATCH_SET.isdisjoint(metrics):  # no mismatch metric at all: ``_read`` would find nothing
             return None
         if not self._read(step, metrics):
             return None

@@ -399,7 +399,12 @@ class EntropyTrack(LevelTrack):
             clipped = get(metrics, "completions/clipped_ratio")
             if clipped is None or clipped >= 0.99:
                 return None
-        self.push(step, h)
+        if self.baseline.value is None:
+            self.push(step, h)
+        else:  # ``push`` once the baseline is set: four detectors do this every step
+            w = self.window
+            w.steps.append(step)
+            w.values.append(h)
         return h
 
 

@@ -18,17 +18,24 @@ newest saved *before* it; the onset is that step, which is what the restart's ch
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.base import Metrics, Sample, finite
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import fair_sample, get, sample_top_word_share
 from grpo_monitor.detectors.stats import Window, fin, median
 
 # What the recommendation calls the change (not a GRPO variant: the run's own settings, resumed earlier).
 REMEDY = "lower_learning_rate"
+
+# The precursor metrics watched beside the reward.
+_SERIES = ("kl", "entropy", "grad_norm", "completions/clipped_ratio", "frac_reward_zero_std", "learning_rate",
+           "completions/mean_length")
+_FLOATS = {float}
+_FLUSH_AT = 64
 
 
 def lowered_learning_rate(config: Mapping[str, Any] | None, factor: float = 10.0, jump: float = 1.0) -> float | None:
@@ -151,10 +158,23 @@ class SuddenCollapse(EpisodeDetector):
         self._sigma: float | None = None
         self._sigma_at = -1
         self._pushes = 0
+        # The step-to-step differences of the healthy rewards, in arrival order and sorted, kept as
+        # the rewards come (the noise estimate reads them sorted every few points).
+        self._diffs: deque[float] = deque()
+        self._diffs_sorted: list[float] = []
+        # ``_need``'s answer, kept until the best or the noise estimate changes.
+        self._need_for: tuple[float | None, int] | None = None
+        self._need_val = (0.0, 0.0, 0.0)
         size = self.window
-        self.series = {k: _Series(size) for k in ("kl", "entropy", "grad_norm", "completions/clipped_ratio",
-                                                   "frac_reward_zero_std", "learning_rate",
-                                                   "completions/mean_length")}
+        self.series = {k: _Series(size) for k in _SERIES}
+        # The series' windows, unpacked for the loops that fill them.
+        self._series_q = [(x.recent.steps, x.recent.values, x.healthy.steps, x.healthy.values)
+                          for x in self.series.values()]
+        # The precursors are read only when the reward falls, so a healthy step just notes its raw values
+        # (one tuple) and they join the windows in bulk: every ``_FLUSH_AT`` points, or before a read.
+        self._rows: list[tuple[Any, ...]] = []
+        self._row_steps: list[int] = []
+        self._ready = False
         self.rep_recent: float | None = None
         self.lr_jump = 1.0
         self.noise_limited = False
@@ -165,8 +185,7 @@ class SuddenCollapse(EpisodeDetector):
         """Robust step-to-step noise of the healthy reward (recomputed every few healthy points)."""
         n = self._pushes
         if self._sigma is None or n - self._sigma_at >= 4:
-            vals = list(self.rewards.values)
-            diffs = sorted(abs(b - a) for a, b in zip(vals, vals[1:]))
+            diffs = self._diffs_sorted
             if diffs:
                 # The mean absolute difference of two independent normal draws is 2 sigma / sqrt(pi). Its
                 # top tenth is trimmed (spikes); unlike a median it does not jump on coarse rewards (k/8).
@@ -180,27 +199,96 @@ class SuddenCollapse(EpisodeDetector):
     def _need(self) -> tuple[float, float, float]:
         """(drop needed below the best, noise, scale). A reward too noisy for the line to sit within
         the reward's own scale gets the line at a fifth of it, and then only a changed text confirms."""
+        sigma = self._noise()
+        key = (self.best, self._sigma_at)
+        if key == self._need_for and len(self.first) >= 3:
+            return self._need_val
         best = self.best or 0.0
         start = median(self.first) if self.first else best
         scale = max(best - start, abs(best))
-        sigma = self._noise()
         need = max(self.z * sigma, self.drop_frac * scale, 1e-9)
         self.noise_limited = need > 0.8 * scale
-        return (min(need, 0.8 * scale) if self.noise_limited and scale > 0 else need), sigma, scale
+        self._need_for = key
+        self._need_val = (min(need, 0.8 * scale) if self.noise_limited and scale > 0 else need), sigma, scale
+        return self._need_val
+
+    def _flush(self) -> None:
+        """The noted healthy points join the series' windows, as pushing them one by one would."""
+        rows, steps = self._rows, self._row_steps
+        if not rows:
+            return
+        n = len(rows)
+        for (rs, rv, hs, hv), col in zip(self._series_q, zip(*rows)):
+            if col.count(None) == n:  # not logged
+                continue
+            if set(map(type, col)) == _FLOATS:
+                s = sum(col)
+                if s - s == 0.0:  # all finite (an overflowing sum only takes the long way)
+                    rs.extend(steps)
+                    rv.extend(col)
+                    hs.extend(steps)
+                    hv.extend(col)
+                    continue
+            for st, v in zip(steps, col):
+                if v.__class__ is not float:
+                    v = finite(v)
+                    if v is None:
+                        continue
+                elif not v - v == 0.0:
+                    continue
+                rs.append(st)
+                rv.append(v)
+                hs.append(st)
+                hv.append(v)
+        self._rows = []
+        self._row_steps = []
+
+    def _push_healthy(self, step: int, r: float) -> None:
+        """A healthy reward joins the window; its difference to the previous one joins the noise sample."""
+        w = self.rewards
+        vals = w.values
+        if vals:
+            if len(vals) == vals.maxlen:  # the oldest point leaves, and its difference with it
+                old = self._diffs.popleft()
+                ds = self._diffs_sorted
+                del ds[bisect_left(ds, old)]
+            d = abs(r - vals[-1])
+            self._diffs.append(d)
+            insort(self._diffs_sorted, d)
+        w.steps.append(step)
+        vals.append(r)
 
     # -- per step ---------------------------------------------------------------------------------
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        r = get(metrics, "reward")
-        if r is None:
+        r = metrics.get("reward")
+        if r.__class__ is not float:
+            r = finite(r)
+            if r is None:
+                return None
+        elif not r - r == 0.0:  # NaN or inf
             return None
-        if len(self.first) < 3:
-            self.first.append(r)
-        ready = len(self.rewards) >= self.min_points and self.best is not None
-        need, sigma, scale = self._need() if ready else (0.0, 0.0, 0.0)
-        line = (self.best - need) if ready and self.best is not None else -math.inf
+        first = self.first
+        if len(first) < 3:
+            first.append(r)
+        best = self.best
+        # Ready for good once it is: the healthy window only grows and the best is never unset.
+        ready = self._ready
+        if not ready and best is not None and len(self.rewards.values) >= self.min_points:
+            ready = self._ready = True
+        if not ready:
+            need = sigma = scale = 0.0
+            line = -math.inf
+        else:
+            nf = self._need_for
+            if self._pushes - self._sigma_at < 4 and nf is not None and nf[0] == best and nf[1] == self._sigma_at:
+                need, sigma, scale = self._need_val  # ``_need()`` would answer from its cache
+            else:
+                need, sigma, scale = self._need()
+            line = best - need
         below = ready and r < line
         if below:
+            self._flush()
             if not self.crash_n:
                 self.crash_first = step
                 # Sudden: within ``max_crash_steps`` before the first point below the line, the reward
@@ -214,38 +302,60 @@ class SuddenCollapse(EpisodeDetector):
                 self.degenerating = self._degenerating(step - limit)
             self.crash.append((step, r))
             self.crash_n += 1
+            for key, (rs, rv, _, _) in zip(_SERIES, self._series_q):
+                v = metrics.get(key)
+                if v.__class__ is not float:
+                    v = finite(v)
+                    if v is None:
+                        continue
+                elif not v - v == 0.0:
+                    continue
+                rs.append(step)
+                rv.append(v)
         else:
-            self.crash.clear()
-            self.crash_n = 0
-            self.crash_first = None
-            self.sudden = False
+            if self.crash_n:
+                self.crash.clear()
+                self.crash_n = 0
+                self.crash_first = None
+                self.sudden = False  # set only on a point below the line
             self.healthy_step = step
-            self.rewards.push(step, r)
+            # The healthy window, and the step-to-step differences the noise estimate reads sorted.
+            vals = self.rewards.values
+            if vals:
+                if len(vals) == vals.maxlen:  # the oldest point leaves, and its difference with it
+                    ds = self._diffs_sorted
+                    del ds[bisect_left(ds, self._diffs.popleft())]
+                d = abs(r - vals[-1])
+                self._diffs.append(d)
+                insort(self._diffs_sorted, d)
+            self.rewards.steps.append(step)
+            vals.append(r)
             self._pushes += 1
-            self.last5.push(step, r)
-            level = median(list(self.last5.values))
-            if len(self.last5) >= 5 and (self.best is None or level > self.best):
-                self.best, self.best_step = level, step
-        for key, s in self.series.items():
-            s.push(step, get(metrics, key), not below)
+            last5 = self.last5.values
+            self.last5.steps.append(step)
+            last5.append(r)
+            # The five-point median can pass the best only on a point above it: the previous five held
+            # at most two points above the best (their median was at most the best then, which is at
+            # most the best now), and a point at or below the best adds none.
+            if len(last5) >= 5 and (best is None or r > best):
+                level = sorted(last5)[2]  # the median of the five
+                if best is None or level > best:
+                    self.best, self.best_step = level, step
+            rows = self._rows
+            rows.append(tuple(map(metrics.get, _SERIES)))
+            self._row_steps.append(step)
+            if len(rows) >= _FLUSH_AT:
+                self._flush()
         if below and samples:
             # Read the text only while the reward is down: healthy steps stay cheap.
             self.rep_recent = single_token_share(samples)
         if not ready:
             return Assessment(warming_up=True, evidence={"reward": fin(r), "points": len(self.rewards)})
-        ev: dict[str, Any] = {
-            "reward": fin(r),
-            "running_best": fin(self.best),
-            "running_best_step": self.best_step,
-            "crash_line": fin(line),
-            "noise_sigma": fin(sigma),
-            "z": self.z,
-            "drop_frac": self.drop_frac,
-            "reward_scale": fin(scale),
-        }
-        if not self.crash_n or not self.sudden or self.degenerating:
-            if self.crash_n:
-                ev["decline"] = "after_degeneration" if self.sudden else "gradual"
+        if not self.crash_n:
+            return (_healthy_evidence, self, r, self.best, self.best_step, line, sigma, scale)
+        ev = self._evidence_of(r, self.best, self.best_step, line, sigma, scale)
+        if not self.sudden or self.degenerating:
+            ev["decline"] = "after_degeneration" if self.sudden else "gradual"
             return Assessment(level=0, evidence=ev)
         last = self.healthy_step
         ev["last_healthy_step"] = last
@@ -276,6 +386,19 @@ class SuddenCollapse(EpisodeDetector):
             level = 0
         onset = last if last is not None else self.crash_first
         return Assessment(level=level, evidence=ev, onset_step=onset if level else None)
+
+    def _evidence_of(self, r: float, best: float | None, best_step: int | None, line: float, sigma: float,
+                     scale: float) -> dict[str, Any]:
+        return {
+            "reward": fin(r),
+            "running_best": fin(best),
+            "running_best_step": best_step,
+            "crash_line": fin(line),
+            "noise_sigma": fin(sigma),
+            "z": self.z,
+            "drop_frac": self.drop_frac,
+            "reward_scale": fin(scale),
+        }
 
     def _degenerating(self, step: int) -> bool:
         """Entropy and length were already well up before the fall began: the end of a degeneration
@@ -383,3 +506,7 @@ _PHRASES = {
     "all_groups_alike": "every group scoring alike",
     "one_repeated_token": "completions of one repeated token",
 }
+
+
+def _healthy_evidence(det: SuddenCollapse, *args: Any) -> dict[str, Any]:
+    return det._evidence_of(*args)

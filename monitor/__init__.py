@@ -46,7 +46,9 @@ def load_run(path: Any, logging_steps: int | None = None, mapping: Any = None):
     ``mapping`` reads a column as a metric (``{"score_mean": "reward"}``), as ``analyze(..., mapping=)`` does.
 
     A run directory that was restarted gives all its segments, one after the other, with a
-    ``segment`` column (0 for the first).
+    ``segment`` column (0 for the first, as run headers and the ``segment-<n>/`` folders number
+    them; the dashboard and ``analyze``'s report count segments from 1, so column value n is
+    "segment n+1" there).
     """
     from grpo_monitor.monitor.restart import lineage_dirs
     from grpo_monitor.monitor.runlog import is_run_dir

@@ -27,7 +27,8 @@ from typing import Any
 
 from grpo_monitor.detectors.base import Finding
 from grpo_monitor.monitor.engine import Engine
-from grpo_monitor.monitor.recommend import Recommender
+from grpo_monitor.monitor.recommend import Recommender, lineage_options
+from grpo_monitor.monitor.recommend import title as rec_title
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm")
@@ -72,6 +73,12 @@ class RunReport:
     # (stopped by the monitor for a restart), with a sentence saying so.
     status: str | None = None
     status_note: str = ""
+    # The run's segment in a restarted lineage, counted from 1 as every screen shows it (headers
+    # record it from 0); None for a run that was never restarted.
+    segment: int | None = None
+    # Patterns in the run that look wrong but are normal GRPO behaviour (``monitor.explain``); they
+    # never change the verdict.
+    notes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def judged_by(self) -> list[str]:
@@ -130,6 +137,8 @@ class RunReport:
             out["needs"] = needs_text(self)
         if self.warnings:
             out["notes"] = list(self.warnings)
+        # Explanations of normal behaviour under their own key: "notes" has carried the read warnings.
+        out["normal"] = list(self.notes)
         return out
 
 
@@ -292,8 +301,11 @@ def replay_with_coverage(
 ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, dict[str, Any]]]:
     engine = Engine(src.context, detectors)
     engine.replay(src.steps, src.samples, processes=None)
-    recommender = Recommender(src.context.config, is_moe=src.context.is_moe)
-    recs = [r for r in (recommender(f.to_dict()) for f in engine.findings) if r is not None]
+    # A segment of a restarted lineage: what earlier segments tried is shown as tried, not dropped.
+    header = getattr(getattr(src, "run", None), "header", None)
+    recommender = Recommender(src.context.config, is_moe=src.context.is_moe, **lineage_options(header))
+    # The pre-flight findings come first, as the live callback met them at the start.
+    recs = [r for r in (recommender(f.to_dict()) for f in [*config_findings(src), *engine.findings]) if r is not None]
     if names is None:
         names = names_with_values(src.steps, src.metric_names())
     coverage = engine.coverage(set(names), _has_samples(src))
@@ -399,7 +411,28 @@ def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | 
         metrics_found=names,
         status=status,
         status_note=note,
+        segment=_segment_of(src),
+        notes=_notes(src),
     )
+
+
+def _notes(src: Any) -> list[dict[str, Any]]:
+    from grpo_monitor.monitor.explain import explain
+
+    try:
+        return explain(src.steps, src.context)
+    except Exception:  # advice only: a report without its notes beats no report
+        return []
+
+
+def _segment_of(src: Any) -> int | None:
+    run = getattr(src, "run", None)
+    if run is None or src.format != "run_dir":
+        return None
+    seg = (getattr(run, "header", None) or {}).get("segment")
+    if not isinstance(seg, int) or isinstance(seg, bool) or seg < 0:
+        return None
+    return seg + 1 if seg > 0 or getattr(run, "restarts", None) else None
 
 
 def split_runs(src: Any) -> list[tuple[str, Any]] | None:
@@ -792,7 +825,8 @@ def render_text(report: Report) -> str:
     out: list[str] = []
     for run in report.runs:
         model = run.model.get("class") or "model unknown"
-        out.append(f"== {run.source}  ({run.format}, {run.steps} logged steps, {model})")
+        seg = f"segment {run.segment}, " if run.segment is not None else ""
+        out.append(f"== {run.source}  ({seg}{run.format}, {run.steps} logged steps, {model})")
         if run.file and run.file != run.source:
             out.append(f"read: {run.file}")
         out.append(f"verdict: {verdict_line(run)}")
@@ -814,13 +848,17 @@ def render_text(report: Report) -> str:
         if run.recommendations:
             out.append("recommendations:")
         for r in run.recommendations:
-            out.append(f"  switch to {r['variant']} (from {r['detector']} at step {r['step']})")
-            out.append(f"      {r['python']}")
-            out.append(f"      {r['cli_flags']}")
+            out.append(f"  {rec_title(r)} — from {r['detector']} at step {r['step']}")
+            out.extend(f"      {r[k]}" for k in ("python", "cli_flags") if r.get(k))
             for reason in r["reasons"][1:]:
                 out.append(f"      why: {reason}")
             for key, advice in r.get("extra", {}).items():
                 out.append(f"      also: {key} {advice}")
+        if run.notes:
+            from grpo_monitor.monitor.explain import render_lines
+
+            out.append("Looks odd but is normal:")
+            out.extend(render_lines(run.notes))
         if run.series:
             out.append("curves:")
         for name, pts in run.series.items():
@@ -840,7 +878,8 @@ def _table_rows(report: Report) -> list[tuple[str, ...]]:
     rows = []
     for r in report.runs:
         dets = ", ".join(sorted({f.detector for f in r.findings if f.severity != "info"})) or "—"
-        variants = ", ".join(sorted({x["variant"] for x in r.recommendations})) or "—"
+        variants = ", ".join(sorted({x["variant"] + ("" if x.get("status", "recommended") == "recommended" else f" ({x['status']})")
+                                     for x in r.recommendations})) or "—"
         judged = f"{len(r.judged_by)}/{len(r.judged_by) + len(r.not_judged)}" if r.coverage else "—"
         rows.append((r.source, r.format, str(r.steps), r.verdict, judged, dets, variants))
     for path, _ in report.errors:
@@ -881,9 +920,19 @@ def render_markdown(report: Report) -> str:
                            f"| {f.variant or '—'} | {f.message.replace('|', '/')} |")
             out.append("")
         for rec in r.recommendations:
-            out += [f"### Switch to {rec['variant']}", "", "```python", rec["python"], "```", "", "```bash",
-                    rec["cli_flags"], "```", ""]
-            out += [f"- {reason}" for reason in rec["reasons"]] + [""]
+            heading = rec_title(rec)
+            out += [f"### {heading[:1].upper()}{heading[1:]}", ""]
+            if rec.get("python"):
+                out += ["```python", rec["python"], "```", ""]
+            if rec.get("cli_flags"):
+                out += ["```bash", rec["cli_flags"], "```", ""]
+            out += [f"- {reason}" for reason in rec["reasons"]]
+            out += [f"- also: **{key}** {advice}" for key, advice in (rec.get("extra") or {}).items()] + [""]
+        if r.notes:
+            out += ["### Looks odd but is normal", ""]
+            for n in r.notes:
+                out.append(f"- **{n['id']}**: {n['pattern']}. *Why it is fine:* {n['why']} *Unless:* {n['unless']}")
+            out.append("")
         if r.series:
             out += ["| curve | shape | first | last |", "|---|---|---|---|"]
             for name, pts in r.series.items():

@@ -8,6 +8,43 @@ from collections.abc import Sequence
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
+# What each optional extra (pyproject.toml) installs, by the module names the verbs import. A verb checks
+# for its extras before it starts, so a bare install gets one line naming them rather than a traceback.
+EXTRA_MODULES = {
+    "train": ("torch", "transformers", "trl", "accelerate", "datasets"),
+    "tui": ("textual",),
+    "preflight": ("yaml",),
+    "tensorboard": ("tensorboard",),
+    "trackers": ("wandb", "trackio"),
+}
+REPORT_TO_EXTRAS = {"tensorboard": "tensorboard", "wandb": "trackers", "trackio": "trackers"}
+
+
+def missing_extras(*extras: str) -> list[str]:
+    """The extras among ``extras`` with a module this environment cannot find (looked up, not imported)."""
+    import importlib.util
+
+    missing = []
+    for extra in dict.fromkeys(extras):
+        for name in EXTRA_MODULES[extra]:
+            try:
+                found = importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                missing.append(extra)
+                break
+    return missing
+
+
+def _lacks_extras(verb: str, *extras: str) -> bool:
+    missing = missing_extras(*extras)
+    if missing:
+        names = " and ".join(f"'{e}'" for e in missing)
+        print(f"grpo-monitor {verb} needs the {names} extra{'s' if len(missing) > 1 else ''}: "
+              f"pip install 'grpo-monitor[{','.join(missing)}]'", file=sys.stderr)
+    return bool(missing)
+
 
 def _parser() -> argparse.ArgumentParser:
     from grpo_monitor.monitor import __version__
@@ -53,8 +90,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="how the relaunch gets the overrides: appended TRL flags, GRPO_MONITOR_OVERRIDES, or both")
     s.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
 
-    w = sub.add_parser("watch", help="live dashboard of a run directory (or any run analyze reads)")
-    w.add_argument("path", metavar="RUN")
+    w = sub.add_parser("watch", help="live dashboard of a run directory (or any run analyze reads)",
+                       description="Live dashboard of a run directory (followed as it grows) or of any log analyze "
+                                   "reads (replayed). A path that does not exist or cannot be read is reported in one "
+                                   "line (exit 2); a run directory with no steps yet opens and waits.")
+    w.add_argument("path", metavar="RUN", help="run directory, its run.jsonl, or any log analyze reads")
+    w.add_argument("--wait", action="store_true",
+                   help="wait for a run that has not started yet: open even if RUN does not exist yet, and show "
+                        "a log that cannot be read on screen instead of exiting")
 
     from grpo_monitor.monitor.lint import add_lint_arguments
     from grpo_monitor.monitor.preflight.reward_gate import add_inspect_arguments
@@ -79,6 +122,9 @@ def _positive_int(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "demo":
+        trackers = [REPORT_TO_EXTRAS[t] for t in str(args.report_to).replace(",", " ").split() if t in REPORT_TO_EXTRAS]
+        if _lacks_extras("demo", "train", *trackers):
+            return EXIT_BAD_INPUT
         from grpo_monitor.monitor.demo import run_demo
 
         run_demo(args.run_dir, steps=args.steps, moe=args.moe, report_to=args.report_to, scenario=args.scenario,
@@ -100,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return supervise_cli(args.command, args.run_dir, args.max_restarts, args.apply)
     if args.verb == "watch":
+        if _lacks_extras("watch", "tui"):
+            return EXIT_BAD_INPUT
         from grpo_monitor.monitor.sources import SourceError
 
         try:
@@ -108,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"grpo-monitor: the dashboard needs the 'tui' extra: pip install 'grpo-monitor[tui]' ({exc})", file=sys.stderr)
             return EXIT_BAD_INPUT
         try:
-            run_watch(args.path)
+            run_watch(args.path, wait=args.wait)
         except SourceError as exc:
             print(f"grpo-monitor: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -118,6 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_lint_cli(args)
     if args.verb == "inspect-rewards":
+        # sampling from a model needs the training stack; the interactive gate needs the dashboard's
+        if _lacks_extras("inspect-rewards", *(["train"] if args.demo or args.model else []),
+                         *([] if args.auto else ["tui"])):
+            return EXIT_BAD_INPUT
         from grpo_monitor.monitor.preflight.reward_gate import run_inspect_cli
 
         def open_screen(session, run_dir, funcs, source):  # type: ignore[no-untyped-def]

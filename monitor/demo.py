@@ -236,7 +236,8 @@ def run_demo(
         lineage = run_with_restarts(make_trainer, args, run_dir=root, max_restarts=max_restarts)
         if not quiet:
             for seg in lineage.segments:
-                print_summary(seg.run_dir, time.time() - t0, title=f"segment {seg.index}"
+                # Segments are counted from 1, as the dashboard and analyze show them.
+                print_summary(seg.run_dir, time.time() - t0, title=f"segment {seg.index + 1}"
                               + (f" ({seg.variant}: {seg.overrides})" if seg.variant else " (plain GRPO)"))
             print(f"-- the whole lineage ({len(lineage.segments)} segments) in {time.time() - t0:.1f} s")
             print(f"  next: grpo-monitor analyze {root}   |   grpo-monitor watch {root}")
@@ -270,6 +271,7 @@ def _progress_callback(total: int):
 
 
 def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> None:
+    from grpo_monitor.monitor.recommend import title as rec_title
     from grpo_monitor.monitor.runlog import read_run
 
     log = read_run(run_dir)
@@ -291,7 +293,10 @@ def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> No
     for f in log.findings:
         print(f"  [{f['severity']}] {f['detector']} at step {f['step']}: {f['message']}")
     for r in log.recommendations:
-        print(f"  recommended {r['variant']}: {r['python']}  |  {r['cli_flags']}")
+        change = "  |  ".join(x for x in (r.get("python"), r.get("cli_flags")) if x)
+        print(f"  {rec_title(r)}" + (f": {change}" if change else ""))
+        for key, advice in (r.get("extra") or {}).items():
+            print(f"      also: {key} {advice}")
     for r in log.restarts:
         print(f"  stopped at step {r['step']} to restart with {r['variant']} "
               f"(resume from {r['resume_from'] or 'the initial model'}) → {run_dir / r['child_run']}")

@@ -15,7 +15,8 @@ from grpo_monitor.detectors.base import Detector, Finding, RunContext
 from grpo_monitor.detectors.episode import EpisodeDetector
 
 logger = logging.getLogger("grpo_monitor")
-_EPISODE_UPDATE = EpisodeDetector._update
+_EPISODE_UPDATE = EpisodeDetector.update
+_EPISODE_INNER = EpisodeDetector._update
 
 
 def default_detectors() -> list[Detector]:
@@ -39,24 +40,55 @@ class Engine:
         self._on_error = on_error
         for d in self.detectors:
             d.start(self.context)
+        # The detectors still running and their bound ``update``, with what they were taken from
+        # (the detector list and the number disabled): rebuilt only when either changes.
+        self._plan: list[Callable[..., Any]] = []
+        self._plan_detectors: list[Detector] = []
+        self._plan_from: list[Detector] | None = None
+        self._plan_disabled = -1
+
+    def _replan(self) -> None:
+        self._plan_detectors = [d for d in self.detectors if d.id not in self.disabled]
+        self._plan = [d.update for d in self._plan_detectors]
+        self._plan_from = list(self.detectors)
+        self._plan_disabled = len(self.disabled)
 
     def update(
         self, step: int, metrics: Mapping[str, float | None], samples: Sequence[Mapping[str, Any]] | None = None
     ) -> list[Finding]:
+        if self._plan_disabled != len(self.disabled) or self._plan_from != self.detectors:
+            self._replan()
         raised: list[Finding] = []
-        for d in self.detectors:
-            if d.id in self.disabled:
-                continue
-            try:
-                raised.extend(d.update(step, metrics, samples))
-            except Exception as exc:  # a broken detector must not take the others, or the run, down
-                self.disabled[d.id] = f"{type(exc).__name__}: {exc}"
-                if self._on_error is not None:
-                    self._on_error(f"detector {d.id}", exc)
-                else:
-                    logger.warning("grpo-monitor: detector %s failed and is disabled: %s", d.id, exc)
-        self.findings.extend(raised)
+        # One handler around the whole loop (a handler per detector costs on every step); ``i``
+        # says which detector it was when one raises.
+        i = 0
+        try:
+            for update in self._plan:
+                out = update(step, metrics, samples)
+                if out:
+                    raised += out
+                elif out.__class__ is not list:
+                    raised += out  # what ``extend`` makes of it: raises for a non-iterable
+                i += 1
+        except Exception as exc:  # a broken detector must not take the others, or the run, down
+            self._disable(self._plan_detectors[i].id, exc)
+            for d in self._plan_detectors[i + 1:]:
+                if d.id in self.disabled:
+                    continue
+                try:
+                    raised.extend(d.update(step, metrics, samples))
+                except Exception as exc2:
+                    self._disable(d.id, exc2)
+        if raised:
+            self.findings += raised
         return raised
+
+    def _disable(self, det_id: str, exc: BaseException) -> None:
+        self.disabled[det_id] = f"{type(exc).__name__}: {exc}"
+        if self._on_error is not None:
+            self._on_error(f"detector {det_id}", exc)
+        else:
+            logger.warning("grpo-monitor: detector %s failed and is disabled: %s", det_id, exc)
 
     def replay(
         self, steps: Sequence[tuple[int, Mapping[str, float | None]]],
@@ -95,11 +127,7 @@ class Engine:
         found.sort(key=lambda t: (t[0], t[1]))
         errors.sort(key=lambda t: (t[0], t[1]))
         for _, _, det_id, exc in errors:
-            self.disabled[det_id] = f"{type(exc).__name__}: {exc}"
-            if self._on_error is not None:
-                self._on_error(f"detector {det_id}", exc)
-            else:
-                logger.warning("grpo-monitor: detector %s failed and is disabled: %s", det_id, exc)
+            self._disable(det_id, exc)
         raised = [f for _, _, fs in found for f in fs]
         self.findings.extend(raised)
         return raised
@@ -279,7 +307,7 @@ def _replay_span(
     for j, d in jobs:
         t0 = time.perf_counter()
         fast = getattr(d, "replay_steps", None)
-        if fast is not None and type(d).update is Detector.update and getattr(type(d), "_update", None) is _EPISODE_UPDATE:
+        if fast is not None and type(d).update is _EPISODE_UPDATE and getattr(type(d), "_update", None) is _EPISODE_INNER:
             fs, err = fast(span, span_samples)
             found.extend((lo + i, j, out) for i, out in fs)
             if err is not None:

@@ -10,7 +10,7 @@ Rules (severity): ``config_num_generations`` (critical: fewer than 8 completions
 format reward), ``config_dataset_prompt`` / ``config_dataset_completions`` (warning: the dataset
 must hold prompts only), ``config_learning_rate`` / ``config_beta`` (info, first run only: more
 than 10x away from 5e-7 / 0.01, or beta 0), ``config_vllm_mode`` (warning: colocate on one GPU,
-server on several), ``config_vllm_cpu`` (critical), ``config_on_policy_trap`` (warning: clip-higher
+server on several), ``config_vllm_cpu`` (critical: vLLM on a run judged for CPU), ``config_on_policy_trap`` (warning: clip-higher
 or sequence-level ratio that cannot act on-policy), ``config_moe_gspo`` (warning: an MoE model
 not on GSPO), ``config_vlm`` (warning: out of the recipe's scope), ``config_logging_steps`` (info:
 coarser detection), ``config_max_completion_length`` (warning: most completions truncated),
@@ -21,6 +21,10 @@ importance-sampling correction turned off), ``config_vllm_server_host`` (warning
 no address to connect to), ``config_vllm_memory`` (critical: vLLM's colocated share cannot hold the
 model; warning: it leaves training too little). ``config_moe_gspo`` also knows well-known MoE
 hub ids when no local model config is at hand.
+
+A recipe is judged for the device it is written for (``recipe_device``): one that sets bf16, vLLM,
+DeepSpeed and the like is judged for a CUDA GPU even on a laptop, and never told to become a CPU run;
+only a config that names no GPU setting (or an explicit ``device_kind='cpu'``) is judged for this machine.
 
 >>> ids = [f.detector for f in lint({"num_generations": 4, "learning_rate": 5e-7, "beta": 0.01,
 ...     "logging_steps": 1}, reward_names=["format_reward", "correctness_reward"], device_kind="cuda")]
@@ -40,7 +44,14 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.detectors.base import Finding
-from grpo_monitor.monitor.memory import config_dict, estimate, model_shape
+from grpo_monitor.monitor.memory import (
+    DEFAULT_PROMPT_LENGTH,
+    GRPO_DEFAULTS,
+    config_dict,
+    estimate,
+    model_shape,
+    with_grpo_defaults,
+)
 
 RECIPE_LEARNING_RATE = 5e-7
 RECIPE_BETA = 0.01
@@ -50,32 +61,15 @@ COMPLETION_COLUMNS = ("completion", "completions", "response", "responses", "out
 FORMAT_HINTS = ("format", "xml", "schema", "tag")
 CLIPPED_MAJORITY = 0.5
 
-# GRPOConfig defaults of TRL 1.16 for the fields the rules read; a saved YAML may omit any of them.
-DEFAULTS: dict[str, Any] = {
-    "num_generations": 8,
-    "learning_rate": 1e-6,
-    "beta": 0.0,
-    "epsilon": 0.2,
-    "epsilon_high": None,
-    "importance_sampling_level": "token",
-    "loss_type": "dapo",
-    "num_iterations": 1,
-    "steps_per_generation": None,
-    "gradient_accumulation_steps": 1,
-    "per_device_train_batch_size": 8,
-    "logging_steps": 10,
-    "use_vllm": False,
-    "vllm_mode": "colocate",
-    "max_completion_length": 512,
-    "bf16": True,
-    "use_cpu": False,
-    "vllm_importance_sampling_correction": True,
-    "vllm_importance_sampling_mode": "sequence_mask",
-    "vllm_gpu_memory_utilization": 0.3,
-    "vllm_tensor_parallel_size": 1,
-    "vllm_server_host": "0.0.0.0",
-    "vllm_server_base_url": None,
-}
+# GRPOConfig's defaults for the fields the rules read (a saved YAML may omit any of them): the same
+# table the memory estimate fills a config from, replaced by the installed TRL's values when it imports.
+DEFAULTS = GRPO_DEFAULTS
+
+# Settings that only make sense on a CUDA GPU: a recipe naming one is judged for a GPU wherever it is linted.
+GPU_FLAGS = ("bf16", "fp16", "tf32", "use_vllm", "use_liger_kernel")
+GPU_OPTIMIZER_HINTS = ("bnb", "8bit", "4bit", "paged")  # bitsandbytes / torchao low-bit states
+# A model this large (about 2 GB in bf16) with gradient checkpointing asked for is a GPU run.
+LARGE_MODEL_PARAMETERS = 1_000_000_000
 
 # Mixture-of-experts families known by their hub ids, for configs whose model has no local config:
 # (pattern, experts, top-k). Qwen's "-A<n>B" names give the active size of an MoE.
@@ -170,6 +164,53 @@ def _local_bf16() -> tuple[str | None, bool | None]:
     return "cpu", False
 
 
+def _truthy(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("true", "1", "yes", "on")
+    return bool(v)
+
+
+def recipe_device(config: Any, model: Any = None) -> tuple[str | None, list[str]]:
+    """The device a recipe is written for, from what its config says: ``("cuda", reasons)`` when it
+    sets something only a GPU runs (bf16/fp16, vLLM, DeepSpeed/FSDP, NCCL, bitsandbytes optimizers,
+    flash attention, gradient checkpointing of a multi-GB model), ``("cpu", reasons)`` when it asks
+    for the CPU (``use_cpu``), ``(None, [])`` when it says neither. Fields it leaves out say nothing:
+    TRL's own defaults are not a statement about the hardware.
+
+    >>> recipe_device({"bf16": True, "use_vllm": True, "vllm_mode": "colocate"})
+    ('cuda', ['bf16=True', 'use_vllm=True', "vllm_mode='colocate'"])
+    >>> recipe_device({"num_generations": 8}), recipe_device({"bf16": True, "use_cpu": True})
+    ((None, []), ('cpu', ['use_cpu=True']))
+    """
+    raw = config_dict(config)
+    for key in ("use_cpu", "no_cuda"):
+        if _truthy(raw.get(key)):
+            return "cpu", [f"{key}=True"]
+    reasons = [f"{k}=True" for k in GPU_FLAGS if _truthy(raw.get(k))]
+    if isinstance(raw.get("vllm_mode"), str) and raw["vllm_mode"]:
+        reasons.append(f"vllm_mode={raw['vllm_mode']!r}")
+    for key in ("deepspeed", "fsdp"):
+        if raw.get(key) not in (None, "", [], {}, False):
+            reasons.append(f"{key} set")
+    if str(raw.get("ddp_backend") or "").lower() == "nccl":
+        reasons.append("ddp_backend='nccl'")
+    optim = str(raw.get("optim") or "").lower()
+    if any(h in optim for h in GPU_OPTIMIZER_HINTS):
+        reasons.append(f"optim={optim!r}")
+    init = raw.get("model_init_kwargs") if isinstance(raw.get("model_init_kwargs"), Mapping) else {}
+    attn = str(raw.get("attn_implementation") or init.get("attn_implementation") or "")
+    if "flash" in attn.lower():
+        reasons.append(f"attn_implementation={attn!r}")
+    if str(init.get("device_map") or "").startswith("cuda"):
+        reasons.append(f"device_map={init['device_map']!r}")
+    ckpt = raw.get("gradient_checkpointing", raw.get("activation_checkpointing"))
+    if ckpt is not None and _truthy(ckpt):
+        params = _num(_safe_shape(model).get("num_parameters")) if model is not None else None
+        if params is not None and params >= LARGE_MODEL_PARAMETERS:
+            reasons.append(f"gradient_checkpointing=True on a {params / 1e9:.1f}B-parameter model")
+    return ("cuda", reasons) if reasons else (None, [])
+
+
 def lint(
     config: Any,
     *,
@@ -185,18 +226,24 @@ def lint(
     device_memory_gib: float | None = None,
     clipped_ratio: float | None = None,
     prompt_length: int | None = None,
+    details: dict[str, Any] | None = None,
 ) -> list[Finding]:
     """Check a GRPO configuration against the recipe; returns ``config_*`` findings at step 0.
 
     ``config`` is a GRPOConfig or a dict of its fields (missing fields take TRL 1.16's defaults).
     ``model`` is a model, a config/``config.json`` or run-header model facts. ``device_kind`` is
-    ``"cuda"`` or ``"cpu"``; None checks this machine (torch, imported here lazily).
+    ``"cuda"`` or ``"cpu"``; None judges the recipe for the device its config is written for
+    (``recipe_device``: a GPU recipe for a CUDA GPU wherever it is linted) and, when the config says
+    neither, for this machine (torch, imported here lazily).
     ``bf16_supported`` overrides the device's bf16 capability. ``completion_lengths`` are token
     lengths observed in the first steps; ``clipped_ratio`` is their truncated fraction when only
-    that is known. ``device_memory_gib`` enables the ``config_memory`` check.
+    that is known. ``device_memory_gib`` enables the ``config_memory`` check. ``details``, when
+    given, receives what the judgement rested on: ``device`` (judged for), ``device_from``
+    (``"given"``, ``"config"``, ``"this machine"``), ``device_reasons``, ``local_device`` and the
+    memory ``estimate`` (one ``MemoryEstimate``, the one ``config_memory`` quotes; None without a model).
     """
     raw = config_dict(config)
-    cfg = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None or k in ("epsilon_high", "steps_per_generation")}}
+    cfg = with_grpo_defaults(raw)
     out: list[Finding] = []
     shape = _safe_shape(model)
 
@@ -265,15 +312,28 @@ def lint(
                 f"{why}; the recipe starts from beta={RECIPE_BETA:g} and moves only once a base run is stable.",
                 {"beta": beta, "recipe": RECIPE_BETA, "factor": FAR_FACTOR}, {"beta": RECIPE_BETA}))
 
-    # device facts
-    kind = device_kind
-    local_bf16 = None
+    # device facts: a recipe is judged for the device it is written for, not for the machine linting it
+    kind, source = device_kind, "given"
+    local_kind = local_bf16 = None
+    wanted, reasons = recipe_device(raw, shape)
     if kind is None:
-        kind, local_bf16 = _local_bf16()
-    if cfg.get("use_cpu"):
-        kind = "cpu"
+        local_kind, local_bf16 = _local_bf16()
+        kind, source = (wanted, "config") if wanted else (local_kind, "this machine")
+    if _truthy(cfg.get("use_cpu")):
+        kind, source, reasons = "cpu", "config", ["use_cpu=True"]
     if bf16_supported is None:
-        bf16_supported = False if kind == "cpu" else local_bf16
+        bf16_supported = False if kind == "cpu" else (local_bf16 if local_kind == kind else None)
+    est = None
+    if shape.get("num_parameters"):
+        try:
+            # the config as given: the estimate fills the same defaults and says which it assumed
+            est = estimate(raw, shape, num_devices=num_devices or 1, device_memory_gib=device_memory_gib,
+                           prompt_length=prompt_length, device_kind=kind)
+        except Exception:  # sizing is advice; a shape it cannot read must not hide the other findings
+            est = None
+    if details is not None:
+        details.update(device=kind, device_from=source, device_reasons=list(reasons), local_device=local_kind,
+                       estimate=est)
 
     # vLLM placement
     if cfg.get("use_vllm"):
@@ -281,8 +341,10 @@ def lint(
         if kind == "cpu":
             out.append(_finding(
                 "vllm_cpu", "critical",
-                "use_vllm=True needs CUDA GPUs; on CPU set use_vllm=False (generation then runs through transformers).",
-                {"use_vllm": True, "device": "cpu"}, {"use_vllm": False}))
+                "use_vllm=True needs CUDA GPUs and this run is judged for CPU"
+                + (f" ({', '.join(reasons)})" if source == "config" else "")
+                + ": to train it on CPU set use_vllm=False (generation then runs through transformers).",
+                {"use_vllm": True, "device": "cpu", "device_from": source}, {"use_vllm": False}))
         elif num_devices is not None:
             n = int(num_devices)
             if n <= 1 and mode != "colocate":
@@ -298,7 +360,7 @@ def lint(
                     "vllm_mode='server' on several GPUs (`trl vllm-serve` on its own GPU(s), training on the rest).",
                     {"vllm_mode": mode, "num_devices": n}, {"vllm_mode": "server"}))
 
-    out.extend(_vllm_checks(cfg, raw, shape, kind, num_devices, device_memory_gib, prompt_length))
+    out.extend(_vllm_checks(cfg, raw, shape, kind, num_devices, device_memory_gib, prompt_length, est))
 
     # on-policy trap: clip-higher and GSPO's sequence ratio do nothing when the ratio is identically 1
     from grpo_monitor.monitor.recommend import is_on_policy
@@ -381,27 +443,24 @@ def lint(
     # bf16 where the device has none
     if cfg.get("bf16") and bf16_supported is False:
         where = "on CPU" if kind == "cpu" else "on a GPU without bf16 support"
+        said = "" if raw.get("bf16") is not None else " (GRPOConfig's default when fp16 is not set)"
         out.append(_finding(
             "bf16", "critical",
-            f"bf16=True {where}: transformers refuses to start. Set bf16=False"
+            f"bf16=True{said} {where}: transformers refuses to start. Set bf16=False"
             + (" (the GPU may support fp16=True)." if kind != "cpu" else "."),
             {"bf16": True, "device": kind, "bf16_supported": False}, {"bf16": False}))
 
     # memory
-    if kind != "cpu" and device_memory_gib and shape.get("num_parameters"):
-        try:
-            est = estimate(cfg, shape, num_devices=num_devices or 1, device_memory_gib=device_memory_gib,
-                           prompt_length=prompt_length, device_kind=kind)
-            f = est.finding()
-            if f is not None:
-                out.append(f)
-        except Exception:  # sizing is advice; a shape it cannot read must not hide the other findings
-            pass
+    if kind != "cpu" and device_memory_gib and est is not None:
+        f = est.finding()
+        if f is not None:
+            out.append(f)
     return out
 
 
 def _vllm_checks(cfg: Mapping[str, Any], raw: Mapping[str, Any], shape: Mapping[str, Any], kind: str | None,
-                 num_devices: int | None, device_memory_gib: float | None, prompt_length: int | None) -> list[Finding]:
+                 num_devices: int | None, device_memory_gib: float | None, prompt_length: int | None,
+                 est: Any = None) -> list[Finding]:
     """The vLLM pre-flight: generation engine, importance-sampling correction, server address, memory share."""
     out: list[Finding] = []
     n = int(num_devices) if num_devices is not None else None
@@ -434,21 +493,22 @@ def _vllm_checks(cfg: Mapping[str, Any], raw: Mapping[str, Any], shape: Mapping[
                 {"vllm_mode": mode, "vllm_server_host": host, "vllm_server_base_url": None,
                  "vllm_server_port": raw.get("vllm_server_port", 8000)}))
     if mode == "colocate" and kind == "cuda" and device_memory_gib and shape.get("num_parameters"):
-        f = _vllm_memory(cfg, shape, n or 1, float(device_memory_gib), prompt_length)
+        f = _vllm_memory(cfg, shape, float(device_memory_gib), prompt_length, est)
         if f is not None:
             out.append(f)
     return out
 
 
-def _vllm_memory(cfg: Mapping[str, Any], shape: Mapping[str, Any], n_dev: int, mem_gib: float,
-                 prompt_length: int | None) -> Finding | None:
+def _vllm_memory(cfg: Mapping[str, Any], shape: Mapping[str, Any], mem_gib: float, prompt_length: int | None,
+                 est: Any) -> Finding | None:
     """vLLM's colocated share against what it must hold, and against what training leaves it."""
     gib = 1024**3
     util = _num(cfg.get("vllm_gpu_memory_utilization")) or 0.3
     tp = max(1, int(_num(cfg.get("vllm_tensor_parallel_size")) or 1))
     weights = 2.0 * float(shape["num_parameters"]) / tp  # the engine serves bf16/fp16 weights
     layers, kv_heads, head_dim = (int(_num(shape.get(k)) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
-    seq = int(prompt_length or _num(cfg.get("max_prompt_length")) or 512) + int(_num(cfg.get("max_completion_length")) or 512)
+    seq = (int(prompt_length or _num(cfg.get("max_prompt_length")) or DEFAULT_PROMPT_LENGTH)
+           + int(_num(cfg.get("max_completion_length")) or 0))
     kv_token = 2 * layers * kv_heads * head_dim * 2 / tp
     batch = int(_num(cfg.get("per_device_train_batch_size")) or 8) * int(
         _num(cfg.get("steps_per_generation")) or _num(cfg.get("gradient_accumulation_steps")) or 1)
@@ -458,13 +518,11 @@ def _vllm_memory(cfg: Mapping[str, Any], shape: Mapping[str, Any], n_dev: int, m
     ev: dict[str, Any] = {"vllm_gpu_memory_utilization": util, "vllm_share_gib": round(share / gib, 2),
                           "engine_weights_gib": round(weights / gib, 2), "kv_cache_per_sequence_gib": round(kv_token * seq / gib, 3),
                           "generation_batch": batch, "device_memory_gib": mem_gib}
-    try:
-        est = estimate(cfg, shape, num_devices=n_dev, device_memory_gib=mem_gib, prompt_length=prompt_length, device_kind="cuda")
-        sleep = bool(cfg.get("vllm_enable_sleep_mode"))
+    sleep = bool(cfg.get("vllm_enable_sleep_mode"))
+    trainer_needs = None
+    if est is not None:  # the lint's one estimate; without it the share is judged against vLLM's needs only
         trainer_needs = est.train_phase - (0 if sleep else int(share))
         ev["training_needs_gib"] = round(trainer_needs / gib, 2)
-    except Exception:  # sizing is advice; an unreadable shape leaves the vLLM check alone
-        trainer_needs, sleep = None, False
     room = None if trainer_needs is None else (1.0 - trainer_needs / (mem_gib * gib)) if not sleep else 0.95
     want = min(0.95, math.ceil(100 * need_batch / (mem_gib * gib)) / 100)
     if share < need_min:
@@ -582,7 +640,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         try:
             import yaml
         except ImportError:
-            raise LintInputError(f"{p}: reading YAML needs PyYAML (pip install pyyaml)") from None
+            raise LintInputError(f"{p}: reading YAML needs the 'preflight' extra: pip install 'grpo-monitor[preflight]' "
+                                 "(or give the config as JSON)") from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -607,7 +666,8 @@ def _first_steps_clipped(steps: list[dict[str, Any]], n: int = 5) -> float | Non
 
 
 def lint_path(path: str | os.PathLike[str], **kwargs: Any) -> tuple[list[Finding], dict[str, Any]]:
-    """Lint a config file or a run directory; returns (findings, context used: config, shape, ...)."""
+    """Lint a config file or a run directory; returns (findings, context used: ``source``, ``config``,
+    ``model``, and ``lint``'s ``details``: the device judged for and the memory ``estimate``)."""
     from grpo_monitor.monitor.runlog import RunLogError, is_run_dir, read_run
 
     p = Path(path)
@@ -655,7 +715,9 @@ def lint_path(path: str | os.PathLike[str], **kwargs: Any) -> tuple[list[Finding
             raise LintInputError(f"{model}: cannot read the model config ({exc})") from None
     ctx["config"] = cfg
     ctx["model"] = model
-    findings = lint(cfg, model=model, **kwargs)
+    details: dict[str, Any] = {}
+    findings = lint(cfg, model=model, details=details, **kwargs)
+    ctx.update(details)
     return findings, ctx
 
 
@@ -685,7 +747,8 @@ def add_lint_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="model directory or config.json for the memory estimate (default: model_name_or_path)")
     parser.add_argument("--num-devices", type=int, default=None, help="training GPUs (default: 1, or the run's world size)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                        help="device the run trains on (default: this machine)")
+                        help="device the run trains on (default: the one the config is written for: a recipe with "
+                             "bf16, vLLM, DeepSpeed/FSDP, ... is judged for a CUDA GPU; otherwise this machine)")
     parser.add_argument("--device-memory-gib", type=float, default=None,
                         help="memory per device in GiB (default: this machine's first GPU)")
     parser.add_argument("--prompt-length", type=int, default=None, help="prompt tokens for the activation estimate")
@@ -714,25 +777,35 @@ def run_lint_cli(args: argparse.Namespace) -> int:
     except LintInputError as exc:
         print(f"grpo-monitor: {exc}", file=sys.stderr)
         return 2
-    est = None
-    if ctx.get("model"):
-        try:
-            est = estimate(ctx["config"], ctx["model"], num_devices=kwargs.get("num_devices") or 1,
-                           device_memory_gib=memory_gib, prompt_length=args.prompt_length, device_kind=device)
-        except Exception:
-            est = None
+    est = ctx.get("estimate")
+    note = device_note(ctx)
     flagged = any(f.severity in ("warning", "critical") for f in findings)
     if args.json:
-        doc = {"source": ctx["source"], "findings": [f.to_dict() for f in findings],
+        doc = {"source": ctx["source"],
+               "device": {"judged_for": ctx.get("device"), "from": ctx.get("device_from"),
+                          "reasons": ctx.get("device_reasons") or [], "this_machine": ctx.get("local_device"),
+                          "note": note},
+               "findings": [f.to_dict() for f in findings],
                "memory": est.to_dict() if est is not None else None}
         print(json.dumps(doc, indent=2, default=str))
     else:
-        print(format_report(ctx["source"], findings, est))
+        print(format_report(ctx["source"], findings, est, note=note))
     return 1 if flagged else 0
 
 
-def format_report(source: str, findings: Sequence[Finding], est: Any = None) -> str:
+def device_note(details: Mapping[str, Any]) -> str | None:
+    """One sentence when a recipe is judged for a GPU this machine does not have (None otherwise)."""
+    if details.get("device_from") != "config" or details.get("device") != "cuda" or details.get("local_device") == "cuda":
+        return None
+    here = "this machine has none" if details.get("local_device") == "cpu" else "this machine was not checked"
+    return (f"judged for a CUDA GPU, which the recipe is written for ({', '.join(details.get('device_reasons') or [])}); "
+            f"{here}: `--device cpu` judges it for this machine")
+
+
+def format_report(source: str, findings: Sequence[Finding], est: Any = None, note: str | None = None) -> str:
     lines = [f"grpo-monitor lint: {source}"]
+    if note:
+        lines.append(f"  {note}")
     if not findings:
         lines.append("  no findings: the configuration follows the recipe")
     for f in findings:

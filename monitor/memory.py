@@ -21,6 +21,7 @@ False
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -38,9 +39,43 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "f
 # TRL 1.16's fused LM head projects at most this many tokens x vocabulary columns at a time.
 FUSED_TOKEN_TILE = 4096
 FUSED_VOCAB_TILE = 32768
+# TRL 1.16 has no max_prompt_length (it no longer truncates prompts): the length a config cannot say.
 DEFAULT_PROMPT_LENGTH = 512
 RUNTIME_OVERHEAD_GIB = 1.0  # CUDA context, cuBLAS workspaces, allocator fragmentation
 TIGHT_FRACTION = 0.9
+
+# GRPOConfig's defaults in TRL 1.16 for every field the lint and the estimate read. A saved config may
+# omit any of them; grpo_defaults() replaces these with the installed TRL's own values when TRL imports,
+# so a field left out is judged and sized as the installed trainer would run it.
+GRPO_DEFAULTS: dict[str, Any] = {
+    "num_generations": 8,
+    "learning_rate": 1e-6,
+    "beta": 0.0,
+    "epsilon": 0.2,
+    "epsilon_high": None,
+    "importance_sampling_level": "token",
+    "loss_type": "dapo",
+    "num_iterations": 1,
+    "steps_per_generation": None,
+    "gradient_accumulation_steps": 1,
+    "per_device_train_batch_size": 8,
+    "logging_steps": 10,
+    "use_vllm": False,
+    "vllm_mode": "colocate",
+    "max_completion_length": 512,
+    "bf16": True,  # None in the dataclass, resolved to `not fp16` (with_grpo_defaults does the same)
+    "fp16": False,
+    "use_cpu": False,
+    "gradient_checkpointing": True,
+    "optim": "adamw_torch_fused",
+    "vllm_enable_sleep_mode": False,
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_gpu_memory_utilization": 0.3,
+    "vllm_tensor_parallel_size": 1,
+    "vllm_server_host": "0.0.0.0",
+    "vllm_server_base_url": None,
+}
 
 # optimizer name (transformers OptimizerNames) -> (states per parameter, bytes per state or None =
 # the parameter's dtype, step counter tensor per parameter tensor)
@@ -406,14 +441,16 @@ def estimate(
     fused_lm_head: bool | None = None,
     device_kind: str | None = None,
 ) -> MemoryEstimate:
-    """Per-device memory of a GRPO run under ``config`` (a GRPOConfig or a dict of its fields).
+    """Per-device memory of a GRPO run under ``config`` (a GRPOConfig or a dict of its fields; the
+    fields it leaves out take GRPOConfig's defaults, ``with_grpo_defaults``).
 
     ``prompt_length`` defaults to ``config['max_prompt_length']`` when the config has one, else
     512 tokens (TRL 1.16 no longer truncates prompts). ``fused_lm_head`` defaults to whether the
     installed TRL scores through its tiled LM head (1.16+). ``device_kind='cpu'`` drops the CUDA
     runtime overhead.
     """
-    cfg = config_dict(config)
+    raw = config_dict(config)
+    cfg = with_grpo_defaults(raw)
     shape = model_shape(model_facts_or_model)
     n_dev = max(1, int(num_devices or 1))
     assumptions: list[str] = []
@@ -519,8 +556,10 @@ def estimate(
     terms["vllm_colocate"] = vllm
 
     # activations of one micro-batch: per_device_train_batch_size sequences of prompt + completion
-    b = int(cfg.get("per_device_train_batch_size") or 8)
-    c_len = int(cfg.get("max_completion_length") or 256)
+    b = int(cfg["per_device_train_batch_size"])
+    c_len = int(cfg["max_completion_length"])
+    if raw.get("max_completion_length") is None:
+        assumptions.append(f"max_completion_length {c_len} tokens (GRPOConfig's default)")
     if prompt_length is None:
         prompt_length = cfg.get("max_prompt_length")
         if not prompt_length:
@@ -632,6 +671,46 @@ def layer_activation_elements(shape: Mapping[str, Any], seq_len: int, attn_impl:
     return dense, moe
 
 
+@functools.lru_cache(maxsize=1)
+def grpo_defaults() -> dict[str, Any]:
+    """``GRPO_DEFAULTS`` with the values of the installed TRL's ``GRPOConfig`` (the TRL 1.16 constants
+    when TRL does not import). TRL is imported here, on first use, never at module import."""
+    out = dict(GRPO_DEFAULTS)
+    try:
+        import dataclasses
+
+        from trl import GRPOConfig
+
+        fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    except Exception:  # TRL absent or broken: the documented constants stand
+        return out
+    for key in out:
+        f = fields.get(key)
+        if f is None or f.default is dataclasses.MISSING or (key == "bf16" and f.default is None):
+            continue
+        out[key] = getattr(f.default, "value", f.default)  # enums (optim) as their names
+    return out
+
+
+def with_grpo_defaults(config: Any) -> dict[str, Any]:
+    """The config's fields over GRPOConfig's defaults (``grpo_defaults``): what the trainer would run.
+
+    A field given as None takes the default too; ``bf16`` left out follows ``fp16`` as in TRL.
+
+    >>> cfg = with_grpo_defaults({"fp16": True, "max_completion_length": None})
+    >>> cfg["bf16"], cfg["max_completion_length"] == grpo_defaults()["max_completion_length"]
+    (False, True)
+    """
+    raw = config_dict(config)
+    given = {k: v for k, v in raw.items() if v is not None}
+    # a full GRPOConfig names every field: TRL is imported only for a config that leaves some out
+    missing = any(k not in given for k, v in GRPO_DEFAULTS.items() if v is not None)
+    cfg = {**(grpo_defaults() if missing else GRPO_DEFAULTS), **given}
+    if "bf16" not in given:
+        cfg["bf16"] = not cfg.get("fp16")
+    return cfg
+
+
 def config_dict(config: Any) -> dict[str, Any]:
     """A GRPOConfig (or TrainingArguments) or a mapping as a plain dict of its fields."""
     if config is None:
@@ -656,10 +735,12 @@ def system_metrics(reset_peak: bool = False) -> dict[str, float]:
     """Peak and current memory of this process as ``system/*`` metrics, in GiB.
 
     On CUDA (when torch is already imported and has initialised a device):
-    ``system/gpu_peak_allocated_gib``, ``system/gpu_peak_reserved_gib``, ``system/gpu_allocated_gib``
-    and ``system/gpu_total_gib`` of the current device; ``reset_peak=True`` then resets the CUDA peak
-    counters, so each call reports the peak since the previous one (one logging window). Always:
-    ``system/rss_gib`` and ``system/rss_peak_gib`` (since process start) of the process. torch is
+    ``system/gpu_peak_allocated_gib``, ``system/gpu_peak_reserved_gib``, ``system/gpu_allocated_gib``,
+    ``system/gpu_device_used_gib`` (all processes) and ``system/gpu_total_gib`` of the current device;
+    ``reset_peak=True`` then resets the CUDA peak counters, so each call reports the peak since the
+    previous one (one logging window). Always:
+    ``system/rss_gib`` and ``system/rss_peak_gib`` (since process start) of the process, and
+    ``system/ram_total_gib`` (the machine's physical memory, the host-side capacity). torch is
     never imported here: a process that has not imported it has no device memory.
     """
     out: dict[str, float] = {}
@@ -672,6 +753,10 @@ def system_metrics(reset_peak: bool = False) -> dict[str, float]:
                 out["system/gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved(dev) / GIB
                 out["system/gpu_allocated_gib"] = torch.cuda.memory_allocated(dev) / GIB
                 out["system/gpu_total_gib"] = torch.cuda.get_device_properties(dev).total_memory / GIB
+                # What the whole device holds, this process's allocator or not (a colocated vLLM
+                # engine allocates outside torch's caching allocator; other processes too).
+                free, total = torch.cuda.mem_get_info(dev)
+                out["system/gpu_device_used_gib"] = (total - free) / GIB
                 if reset_peak:
                     torch.cuda.reset_peak_memory_stats(dev)
         except Exception:
@@ -681,6 +766,8 @@ def system_metrics(reset_peak: bool = False) -> dict[str, float]:
         out["system/rss_gib"] = rss / GIB
     if peak is not None:
         out["system/rss_peak_gib"] = peak / GIB
+    if _RAM_TOTAL:
+        out["system/ram_total_gib"] = _RAM_TOTAL / GIB
     return out
 
 
@@ -712,3 +799,7 @@ try:
     _PAGE = os.sysconf("SC_PAGE_SIZE")
 except (AttributeError, ValueError, OSError):
     _PAGE = 4096
+try:
+    _RAM_TOTAL = os.sysconf("SC_PHYS_PAGES") * _PAGE
+except (AttributeError, ValueError, OSError):
+    _RAM_TOTAL = 0

@@ -4,6 +4,13 @@ The recipe's rules live here: plain GRPO first and a switch only on a confirmed 
 finding; GSPO for mixture-of-experts models; never a variant already tried in the lineage; and
 no advice that would be a no-op: settings the run already has are dropped, and clip-higher or
 GSPO's sequence-level ratio come with the off-policy change without which they do nothing.
+What a restart would act on is ``recommend``; ``Recommender`` also keeps, for the reports, what
+the user should still see: a warning's variant as advice, a variant tried earlier in the lineage,
+a fix outside the config (``evidence["advice"]``).
+
+A finding that names no variant can name a remedy: ``variant`` None, non-empty
+``config_overrides`` and ``evidence["remedy"]`` (a short name such as ``lower_learning_rate`` or
+``raise_max_completion_length``); the recommendation then carries that name in place of a variant.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from grpo_monitor.detectors.variants import EXTRA_ADVICE, preset
+from grpo_monitor.detectors.variants import EXTRA_ADVICE, VARIANT_PRESETS, preset
+
+VARIANT_NAMES = frozenset(VARIANT_PRESETS)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -50,16 +59,31 @@ def python_kwargs(overrides: Mapping[str, Any]) -> str:
 
 
 def _record(finding: Mapping[str, Any], variant: str, diff: dict[str, Any], extra: dict[str, Any],
-            reasons: list[str]) -> dict[str, Any]:
-    """A recommendation record: the diff as overrides, CLI flags and Python keywords, and why."""
+            reasons: list[str], settings: Mapping[str, Any] | None = None,
+            config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A recommendation record: the diff as overrides, CLI flags and Python keywords, and why.
+
+    ``settings`` are the change's own values before the diff; where the run already has them all
+    (a variant tried earlier in the lineage), the flags and keywords spell them out instead of
+    an empty change, and ``config_overrides`` stays the (empty) diff. ``current`` keeps the run's
+    values of the changed settings, so the diff reads the same beside a later segment's config.
+    """
+    settings = dict(settings if settings is not None else diff)
+    shown = diff or settings
+    advice = (finding.get("evidence") or {}).get("advice")
+    if isinstance(advice, str) and advice.strip():
+        extra = {**extra, "advice": advice.strip()}
     return {
         "type": "recommendation",
         "step": finding.get("step"),
         "variant": variant,
         "detector": finding.get("detector"),
+        "severity": finding.get("severity"),
         "config_overrides": diff,
-        "cli_flags": cli_flags(diff),
-        "python": python_kwargs(diff),
+        "current": {k: (config or {})[k] for k in diff if k in (config or {})},
+        "settings": settings,
+        "cli_flags": cli_flags(shown),
+        "python": python_kwargs(shown) if shown else "",
         "extra": extra,
         "reasons": reasons,
     }
@@ -73,38 +97,55 @@ def recommend(
     tried: Iterable[str] = (),
     require_critical: bool = True,
 ) -> dict[str, Any] | None:
-    """The recommendation record for ``finding`` (a finding dict), or None when there is nothing to change."""
-    config = dict(config or {})
+    """The change a restart would make for ``finding`` (a finding dict), or None when there is
+    nothing to change: a new variant or remedy with a non-empty diff, from a critical finding
+    unless ``require_critical`` is False. ``Recommender`` also keeps what this leaves out (a
+    warning's advice, a variant tried earlier) for the reports."""
+    tried = set(tried)
+    rec = _candidate(finding, dict(config or {}), is_moe=is_moe, tried=tried)
+    if rec is None or (require_critical and finding.get("severity") != "critical"):
+        return None
+    if rec["variant"] in tried or not rec["config_overrides"]:
+        return None
+    rec["status"] = RECOMMENDED if finding.get("severity") == "critical" else ADVICE
+    return rec
+
+
+def _candidate(finding: Mapping[str, Any], config: dict[str, Any], *, is_moe: bool, tried: set[str]) -> dict[str, Any] | None:
+    """What ``finding`` names, as a record, whatever its severity and whether or not it was tried:
+    None only when it names neither a variant, nor a remedy with its overrides, nor advice."""
     if finding.get("detector") == MISMATCH_DETECTOR:
-        return _mismatch_recommendation(finding, config, is_moe=is_moe, tried=tried, require_critical=require_critical)
-    if finding.get("variant") is None and (finding.get("evidence") or {}).get("remedy") == LOWER_LR:
-        return _lower_lr_recommendation(finding, config, is_moe=is_moe, tried=tried, require_critical=require_critical)
+        return _mismatch_recommendation(finding, config, is_moe=is_moe, tried=tried)
     variant = finding.get("variant")
-    if variant is None or (require_critical and finding.get("severity") != "critical"):
+    if variant is None:
+        remedy = remedy_of(finding)
+        if remedy is not None and finding.get("config_overrides"):
+            return _remedy_recommendation(finding, config, remedy, is_moe=is_moe, tried=tried)
+        if advice_of(finding) is not None:
+            reasons = [f"{finding.get('detector')} ({finding.get('severity')}) at step {finding.get('step')}: "
+                       "the fix is a change outside the training config"]
+            return _record(finding, remedy or CODE_CHANGE, {}, {}, reasons, settings={})
         return None
     reasons = [f"{finding.get('detector')} ({finding.get('severity')}) at step {finding.get('step')}"]
     if is_moe and variant != "gspo" and config.get("importance_sampling_level") != "sequence":
         reasons.append(f"mixture-of-experts model: the recipe requires GSPO, which replaces {variant}")
         variant = "gspo"
-    if variant in set(tried):
-        return None
     overrides = dict(finding.get("config_overrides") or {}) if finding.get("variant") == variant else {}
     overrides = {**preset(variant, config), **overrides}
     diff = config_diff(overrides, config)
-    if not diff:
-        return None
-    if config.get("loss_type") == "dapo" and variant == "dapo" and "loss_type" not in diff:
+    if diff and config.get("loss_type") == "dapo" and variant == "dapo" and "loss_type" not in diff:
         reasons.append("the run already uses TRL's token-level 'dapo' loss; what DAPO still adds is below")
     needs_off_policy = ("epsilon_high" in diff) or diff.get("importance_sampling_level") == "sequence"
     if needs_off_policy and is_on_policy(config) and "steps_per_generation" not in diff:
         ga = int(config.get("gradient_accumulation_steps") or 1)
         diff["steps_per_generation"] = 4 * ga
+        overrides["steps_per_generation"] = 4 * ga
         reasons.append(
             "the run is on-policy (importance ratio is 1, clipping never fires), so clip bounds only act "
             f"with off-policy steps: steps_per_generation={4 * ga}"
         )
     advice = EXTRA_ADVICE.get(variant, {})
-    return _record(finding, variant, diff, dict(advice), reasons)
+    return _record(finding, variant, diff, dict(advice), reasons, settings=overrides, config=config)
 
 
 # --- train-inference mismatch ---------------------------------------------------------------------
@@ -132,12 +173,9 @@ MISMATCH_MOE_ADVICE = ("mixture-of-experts routing differs between the engine an
 
 
 def _mismatch_recommendation(
-    finding: Mapping[str, Any], config: dict[str, Any], *, is_moe: bool, tried: Iterable[str], require_critical: bool
+    finding: Mapping[str, Any], config: dict[str, Any], *, is_moe: bool, tried: set[str]
 ) -> dict[str, Any] | None:
     """Importance-sampling correction for a drifting rollout engine; on MoE, with GSPO's sequence-level ratio."""
-    if require_critical and finding.get("severity") != "critical":
-        return None
-    tried = set(tried)
     reasons = [f"{finding.get('detector')} ({finding.get('severity')}) at step {finding.get('step')}: rollouts are "
                "off the trainer's policy; sequence-level masked importance sampling drops the sequences the engine "
                "sampled off-policy"]
@@ -148,67 +186,195 @@ def _mismatch_recommendation(
         overrides = {**preset("gspo", config), **overrides}
         reasons.append("mixture-of-experts model: the recipe requires GSPO's sequence-level importance ratio, "
                        "with the vLLM correction at sequence level too")
-    if variant in tried:
-        return None
     if config.get("vllm_importance_sampling_correction") is False:
         reasons.append("the run has vLLM's importance-sampling correction turned off")
     diff = config_diff(overrides, config)
-    if not diff:
-        return None
     extra = dict(MISMATCH_ADVICE)
     if is_moe:
         extra["routing"] = MISMATCH_MOE_ADVICE
-    return _record(finding, variant, diff, extra, reasons)
+    return _record(finding, variant, diff, extra, reasons, settings=overrides, config=config)
 
 
-# --- a collapse: the run's own settings, resumed before the onset with a lower learning rate ----------
+# --- a remedy that is not a variant: the run's own settings with the finding's overrides -------------
 
-# What the lineage records for this change (a name beside the variants, as a restart tries each once).
+# What the lineage records for the lower-rate remedy (a name beside the variants, as a restart tries each once).
 LOWER_LR = "lower_learning_rate"
+# Remedies that answer a collapse or an instability: on a mixture-of-experts model they come with
+# GSPO, whose sequence-level ratio the recipe requires there. Other remedies (a longer completion
+# budget, say) leave the loss alone.
+GSPO_ON_MOE_REMEDIES = frozenset({LOWER_LR, "lower_max_grad_norm"})
+# Detectors whose lower-rate remedy answers a policy that collapsed.
+COLLAPSE_DETECTORS = frozenset({"sudden_collapse", "no_learning_signal", "entropy_collapse"})
+# The name of a fix outside the config (evidence["advice"] without overrides or a remedy name).
+CODE_CHANGE = "code_change"
 
 
-def _lower_lr_recommendation(
-    finding: Mapping[str, Any], config: dict[str, Any], *, is_moe: bool, tried: Iterable[str], require_critical: bool
-) -> dict[str, Any] | None:
-    """A policy that collapsed under its learning rate: the same recipe at a lower one, from a checkpoint
-    before the onset (the restart's checkpoint choice reads the finding's onset). On MoE, with GSPO."""
-    if require_critical and finding.get("severity") != "critical":
-        return None
-    tried = set(tried)
+def remedy_of(finding: Mapping[str, Any]) -> str | None:
+    """The remedy a finding names in ``evidence["remedy"]`` (a short name such as
+    ``lower_learning_rate``), or None.
+
+    >>> remedy_of({"evidence": {"remedy": "raise_max_completion_length"}})
+    'raise_max_completion_length'
+    >>> remedy_of({"evidence": {"remedy": ""}}) is None
+    True
+    """
+    remedy = (finding.get("evidence") or {}).get("remedy")
+    return remedy.strip() if isinstance(remedy, str) and remedy.strip() else None
+
+
+def advice_of(finding: Mapping[str, Any]) -> str | None:
+    advice = (finding.get("evidence") or {}).get("advice")
+    return advice.strip() if isinstance(advice, str) and advice.strip() else None
+
+
+def _remedy_recommendation(
+    finding: Mapping[str, Any], config: dict[str, Any], remedy: str, *, is_moe: bool, tried: set[str]
+) -> dict[str, Any]:
+    """The finding's own overrides under the remedy's name. A policy that collapsed under its
+    learning rate gets the same recipe at a lower one, from a checkpoint before the onset (the
+    restart's checkpoint choice reads the finding's onset); on MoE, collapse remedies come with GSPO."""
     overrides = dict(finding.get("config_overrides") or {})
-    if not overrides:
-        return None
-    variant = LOWER_LR
-    reasons = [f"{finding.get('detector')} ({finding.get('severity')}) at step {finding.get('step')}: the policy "
-               f"collapsed; resume before step {finding.get('onset_step')} with a lower learning rate"]
-    if is_moe and config.get("importance_sampling_level") != "sequence" and "gspo" not in tried:
+    variant = remedy
+    head = f"{finding.get('detector')} ({finding.get('severity')}) at step {finding.get('step')}"
+    extra: dict[str, Any] = {}
+    changes = ", ".join(f"{k} {config[k]!r} -> {v!r}" if k in config else f"{k}={v!r}" for k, v in overrides.items())
+    if remedy == LOWER_LR and finding.get("detector") in COLLAPSE_DETECTORS:
+        reasons = [f"{head}: the policy collapsed; resume before step {finding.get('onset_step')} with a lower learning rate"]
+    elif remedy == LOWER_LR:
+        reasons = [f"{head}: resume before step {finding.get('onset_step')} with a lower learning rate ({changes})"]
+    else:
+        reasons = [f"{head} names the remedy {remedy}: {changes}"]
+    if remedy == LOWER_LR:
+        extra["resume"] = f"from the newest checkpoint saved before step {finding.get('onset_step')}"
+    if (is_moe and remedy in GSPO_ON_MOE_REMEDIES and config.get("importance_sampling_level") != "sequence"
+            and "gspo" not in tried):
         variant = "gspo"
         overrides = {**preset("gspo", config), **overrides}
         reasons.append("mixture-of-experts model: the recipe requires GSPO's sequence-level importance ratio")
-    if variant in tried:
-        return None
-    diff = config_diff(overrides, config)
-    if not diff:
-        return None
-    return _record(finding, variant, diff,
-                   {"resume": f"from the newest checkpoint saved before step {finding.get('onset_step')}"}, reasons)
+    return _record(finding, variant, config_diff(overrides, config), extra, reasons, settings=overrides, config=config)
+
+
+# --- what each record is to the user --------------------------------------------------------------
+
+# A confirmed (critical) finding's new change: what auto-restart acts on when it is on.
+RECOMMENDED = "recommended"
+# A warning's (or info's) variant or remedy, or a fix outside the config: shown, never a restart.
+ADVICE = "advice"
+# A variant or remedy an earlier segment of this lineage already switched to.
+TRIED = "tried"
+# The run's config already has every setting of it (a variant the user chose by hand).
+IN_CONFIG = "in_config"
+
+
+def tried_segments(tried: Iterable[str] | Mapping[str, int | None], segment: int | None = None) -> dict[str, int | None]:
+    """Each variant tried in the lineage with the segment that first ran with it, counted from 1 as
+    every screen shows segments (the first launch is 1, ``segment-<n>/`` is n + 1). ``tried`` is in
+    the order the restarts chose them, one per restart, and ``segment`` the current segment as
+    headers record it (from 0); without it the segments are unknown (None).
+
+    >>> tried_segments(["dapo", "lower_learning_rate"], segment=2)
+    {'dapo': 2, 'lower_learning_rate': 3}
+    >>> tried_segments(["dapo"])
+    {'dapo': None}
+    """
+    if isinstance(tried, Mapping):
+        return dict(tried)
+    names = [t for t in tried if isinstance(t, str) and t]
+    known = isinstance(segment, int) and not isinstance(segment, bool) and segment >= len(names)
+    return {name: (segment - len(names) + i + 2 if known else None) for i, name in enumerate(names)}
+
+
+def lineage_options(header: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``Recommender`` keywords from a run header: the variants its lineage tried, and its segment."""
+    header = header or {}
+    tried = header.get("tried_variants")
+    segment = header.get("segment")
+    return {"tried": list(tried) if isinstance(tried, list) else [],
+            "segment": segment if isinstance(segment, int) and not isinstance(segment, bool) else None}
+
+
+def title(rec: Mapping[str, Any]) -> str:
+    """One line naming a recommendation record and what it is: a switch, advice (never a restart),
+    a variant tried earlier in the lineage, or settings the run already has.
+
+    >>> title({"variant": "dapo", "status": "advice", "severity": "warning"})
+    'advice: switch to dapo (from a warning finding; advice only, never triggers a restart)'
+    >>> title({"variant": "dapo", "status": "tried", "tried_in_segment": 2})
+    'dapo: tried in segment 2 of this lineage; already in this run'
+    >>> title({"variant": "lower_learning_rate"})
+    'apply lower_learning_rate'
+    """
+    name = str(rec.get("variant") or "change")
+    status = rec.get("status") or RECOMMENDED
+    if name == CODE_CHANGE:
+        change = "change the code"
+    else:
+        change = f"switch to {name}" if name in VARIANT_NAMES else f"apply {name}"
+    if status == TRIED:
+        seg = rec.get("tried_in_segment")
+        where = f"in segment {seg}" if seg is not None else "earlier"
+        return f"{name}: tried {where} of this lineage; already in this run" if not rec.get("config_overrides") \
+            else f"{name}: tried {where} of this lineage, not retried"
+    if status == IN_CONFIG:
+        return f"{name}: already in this run's config"
+    if status == ADVICE:
+        return f"advice: {change} (from a{'n' if str(rec.get('severity', '')).startswith('i') else ''} " \
+               f"{rec.get('severity') or 'non-critical'} finding; advice only, never triggers a restart)"
+    return change
 
 
 class Recommender:
-    """The recommendations of one run's findings, in the order they are raised: each variant once,
-    and never one already tried in the lineage. Used alike by the live callback, ``analyze`` and
-    the dashboard's replay."""
+    """The recommendations of one run's findings, in the order they are raised, each with its
+    ``status``: a confirmed finding's new change (``recommended``: each once per run, the one an
+    auto-restart acts on), a warning's ``advice`` (never a restart), a change ``tried`` in an earlier
+    segment of the lineage (with ``tried_in_segment``), or one the run's config already has
+    (``in_config``). Every finding that names a variant, a remedy or advice gets a record once per
+    kind. Used alike by the live callback, ``analyze`` and the dashboard's replay.
 
-    def __init__(self, config: Mapping[str, Any] | None = None, *, is_moe: bool = False, tried: Iterable[str] = ()) -> None:
+    >>> r = Recommender({"loss_type": "grpo", "gradient_accumulation_steps": 1}, tried=["dapo"], segment=1)
+    >>> rec = r({"detector": "entropy_collapse", "severity": "critical", "step": 40, "variant": "dapo"})
+    >>> rec["status"], rec["tried_in_segment"]
+    ('tried', 2)
+    >>> r({"detector": "length_reward_coupling", "severity": "warning", "step": 41, "variant": "dr_grpo"})["status"]
+    'advice'
+    """
+
+    def __init__(self, config: Mapping[str, Any] | None = None, *, is_moe: bool = False,
+                 tried: Iterable[str] | Mapping[str, int | None] = (), segment: int | None = None) -> None:
         self.config = dict(config or {})
         self.is_moe = is_moe
-        self.tried = set(tried)
+        self.lineage = tried_segments(tried, segment)
+        # Tried in the lineage or recommended in this run: neither is recommended again.
+        self.tried = set(self.lineage)
+        self._shown: set[tuple[Any, ...]] = set()
 
     def __call__(self, finding: Mapping[str, Any]) -> dict[str, Any] | None:
         if finding.get("detector") == "moe_model_detected":
             # Foreign logs have no model facts: the run's own routing metrics say it is MoE.
             self.is_moe = True
-        rec = recommend(finding, self.config, is_moe=self.is_moe, tried=self.tried)
-        if rec is not None:
-            self.tried.add(rec["variant"])
+        rec = _candidate(finding, self.config, is_moe=self.is_moe, tried=self.tried)
+        if rec is None:
+            return None
+        variant = rec["variant"]
+        if not rec["settings"]:
+            rec["status"] = ADVICE
+            key: tuple[Any, ...] = (variant, ADVICE, finding.get("detector"), rec["extra"].get("advice"))
+        elif variant in self.lineage:
+            rec["status"], rec["tried_in_segment"] = TRIED, self.lineage[variant]
+            key = (variant, TRIED)
+        elif variant in self.tried:
+            return None
+        elif not rec["config_overrides"]:
+            rec["status"] = IN_CONFIG
+            key = (variant, IN_CONFIG)
+        elif finding.get("severity") == "critical":
+            rec["status"] = RECOMMENDED
+            self.tried.add(variant)
+            key = (variant, RECOMMENDED)
+        else:
+            rec["status"] = ADVICE
+            key = (variant, ADVICE)
+        if key in self._shown:
+            return None
+        self._shown.add(key)
         return rec

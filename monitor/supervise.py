@@ -73,7 +73,7 @@ def supervise(
             if apply == "flags" and plan is not None:
                 env["GRPO_MONITOR_PARENT_RUN"] = plan.parent_run or ""
                 env["GRPO_MONITOR_TRIED"] = ",".join(plan.tried)
-            log(f"grpo-monitor supervise: segment {segment}: {' '.join(cmd)}")
+            log(f"grpo-monitor supervise: segment {segment + 1}: {' '.join(cmd)}")  # counted from 1, as screens show it
             rc = _run(cmd, env)
             new_plan = read_plan(seg_dir) if plan_path.is_file() and plan_path.stat().st_mtime >= started - 1 else None
             if new_plan is None or new_plan.segment != segment:
@@ -83,7 +83,7 @@ def supervise(
             if segment >= max_restarts:
                 log(f"grpo-monitor supervise: restart to {new_plan.variant} requested but max_restarts={max_restarts} reached")
                 return rc
-            log(f"grpo-monitor supervise: the monitor stopped segment {segment} at step {new_plan.step}; "
+            log(f"grpo-monitor supervise: the monitor stopped segment {segment + 1} at step {new_plan.step}; "
                 f"restarting with {new_plan.variant}: {new_plan.config_overrides}")
             plan = new_plan
         return 0

@@ -211,3 +211,45 @@ def test_a_failure_that_cannot_travel_back_is_replayed_here(forks):
     assert outcome(engine) == want
     assert engine.disabled == {"raises_oddly": "OddError: odd at step 90", "raises_oddly_too": "OddError: odd at step 90"}
     assert set().union(*(d.pids for d in engine.detectors[:2])) == {os.getpid()}  # the child's came back empty
+
+
+class ReturnsNone(Detector):
+    id = "returns_none"
+
+    def _reset(self) -> None:
+        pass
+
+    def _update(self, step, metrics, samples):
+        return None
+
+
+def test_a_detector_failing_mid_step_is_switched_off_and_the_rest_of_the_step_still_runs():
+    run = generate("healthy_slow", seed=0)
+    steps = [s for s, _ in run.steps]
+    assert 100 in steps
+    probes = [WhereItRan(), WhereItRan(fail_at=100), WhereItRan(), WhereItRan()]
+    for p, name in zip(probes, ["before", "broken", "after", "broken"]):
+        p.id = name  # the last one shares the broken one's id: it is switched off with it, mid-step
+    errors: list[str] = []
+    engine = Engine(run.context, probes, on_error=lambda who, exc: errors.append(f"{who}: {exc}"))
+    raised: list[Finding] = []
+    for step, metrics in run.steps:
+        raised += engine.update(step, metrics)
+    assert errors == ["detector broken: broken at step 100"]
+    assert engine.disabled == {"broken": "RuntimeError: broken at step 100"}
+    before, broken, after, twin = probes
+    assert before.seen == after.seen == len(steps)
+    assert broken.seen == steps.index(100) + 1 and twin.seen == steps.index(100)
+    assert [f.step for f in raised if f.detector == "after"] == [s for s in steps if s % 50 == 0]
+    assert raised == engine.findings
+
+
+def test_a_detector_returning_no_list_is_switched_off_as_one_that_raises():
+    run = generate("healthy_slow", seed=0)
+    errors: list[str] = []
+    probe = WhereItRan()
+    engine = Engine(run.context, [ReturnsNone(), probe], on_error=lambda who, exc: errors.append(who))
+    for step, metrics in run.steps[:3]:
+        assert engine.update(step, metrics) == []
+    assert errors == ["detector returns_none"] and engine.disabled["returns_none"].startswith("TypeError")
+    assert probe.seen == 3

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from grpo_monitor.monitor.lint import DEFAULTS, add_lint_arguments, lint, lint_path, run_lint_cli
 
-# REFERENCE §1, step 2; the tests run it on "one GPU" (device facts passed in, not measured here)
+# The recipe's reference GRPOConfig; the tests run it on "one GPU" (device facts passed in, not measured here)
 REFERENCE = dict(output_dir="./outputs-grpo", use_vllm=True, num_generations=8, learning_rate=5e-7, beta=0.01,
                  per_device_train_batch_size=8, gradient_accumulation_steps=4, bf16=True, logging_steps=10, seed=3407)
 GPU = dict(num_devices=1, device_kind="cuda", bf16_supported=True, device_memory_gib=80)
@@ -158,13 +160,66 @@ def test_vision_language_model_is_out_of_scope(tiny):
     assert len(hits) == 1 and "out of scope" in hits[0].message
 
 
-def test_bf16_on_this_cpu_machine_measured_through_torch(tiny):
+def _cpu_machine():
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("measures a machine without CUDA")
-    findings = lint(REFERENCE, model=tiny["dense"], reward_funcs=tiny["funcs"], num_devices=1)
+
+
+def test_a_gpu_recipe_linted_on_this_cpu_machine_is_judged_for_a_gpu(tiny):
+    _cpu_machine()
+    details: dict = {}
+    findings = lint(REFERENCE, model=tiny["dense"], reward_funcs=tiny["funcs"], num_devices=1, details=details)
+    assert not _ids(findings, ("warning", "critical"))
+    # nothing advises turning the GPU recipe into a CPU one
+    for f in findings:
+        assert f.config_overrides.get("use_vllm") is not False and f.config_overrides.get("bf16") is not False, f
+        assert not f.config_overrides.get("use_cpu"), f
+    assert (details["device"], details["device_from"], details["local_device"]) == ("cuda", "config", "cpu")
+    assert {"bf16=True", "use_vllm=True"} <= set(details["device_reasons"])
+
+
+def test_a_config_naming_no_gpu_setting_is_judged_for_this_machine(tiny):
+    _cpu_machine()
+    plain = {k: v for k, v in REFERENCE.items() if k not in ("bf16", "use_vllm")}
+    details: dict = {}
+    findings = lint(plain, model=tiny["dense"], reward_funcs=tiny["funcs"], num_devices=1, details=details)
+    assert (details["device"], details["device_from"]) == ("cpu", "this machine")
+    # TRL's default bf16=True cannot start on this CPU; the finding says the value is the default
+    [bf16] = [f for f in findings if f.detector == "config_bf16"]
+    assert bf16.severity == "critical" and "default" in bf16.message
+
+
+def test_device_cpu_judges_a_gpu_recipe_for_this_machine(tiny):
+    details: dict = {}
+    findings = lint(REFERENCE, model=tiny["dense"], reward_funcs=tiny["funcs"], num_devices=1, device_kind="cpu",
+                    details=details)
     assert {"config_bf16", "config_vllm_cpu"} <= _ids(findings, ("critical",))
+    assert details["device_from"] == "given"
+
+
+@pytest.mark.parametrize("setting", [
+    {"fp16": True}, {"use_vllm": True}, {"vllm_mode": "server"}, {"deepspeed": "ds_zero3.json"},
+    {"fsdp": "full_shard auto_wrap"}, {"ddp_backend": "nccl"}, {"optim": "paged_adamw_8bit"}, {"tf32": True},
+    {"attn_implementation": "flash_attention_2"}, {"model_init_kwargs": {"attn_implementation": "flash_attention_2"}},
+    {"use_liger_kernel": True}, {"bf16": "true"},
+], ids=lambda s: next(iter(s)))
+def test_each_gpu_setting_makes_a_gpu_recipe(setting):
+    from grpo_monitor.monitor.lint import recipe_device
+
+    kind, reasons = recipe_device({"num_generations": 8, **setting})
+    assert kind == "cuda" and len(reasons) == 1
+    assert recipe_device({"num_generations": 8, **setting, "use_cpu": True})[0] == "cpu"
+
+
+def test_gradient_checkpointing_is_a_gpu_setting_on_a_multi_gb_model_only(tiny):
+    from grpo_monitor.monitor.lint import recipe_device
+
+    assert recipe_device({"gradient_checkpointing": True}, SHAPE_2B)[0] == "cuda"
+    assert recipe_device({"gradient_checkpointing": True}, tiny["dense"]) == (None, [])
+    assert recipe_device({"gradient_checkpointing": False}, SHAPE_2B) == (None, [])
+    assert recipe_device({}, SHAPE_2B) == (None, [])  # a default says nothing about the hardware
 
 
 def test_lint_trainer_reads_a_real_grpo_trainer(tmp_path):
@@ -221,6 +276,64 @@ def test_cli_on_a_trl_yaml_config(tmp_path, capsys, tiny):
     assert doc["memory"]["terms"]["weights"] > 0
 
 
+def _memory_figures(out):
+    """(finding's peak, table's peak, table's generation phase, table's training phase) as printed, in GiB."""
+    finding = re.search(r"config_memory: Estimated peak ([\d.]+) GiB", out)
+    return (finding.group(1) if finding else None,
+            *(re.search(rf"^  {name}\s+([\d.]+)", out, re.M).group(1)
+              for name in ("peak per device", "generation phase", "training phase")))
+
+
+def test_memory_figures_agree_in_the_finding_the_table_and_the_json(tmp_path, capsys):
+    """One estimate on one set of defaults: a recipe that leaves max_completion_length out is sized with
+    TRL's default in the finding, the table and the JSON alike."""
+    from trl import GRPOConfig
+
+    from grpo_monitor.fixtures.tiny import build_model
+    from grpo_monitor.monitor.memory import DEFAULT_PROMPT_LENGTH, GIB
+
+    model_dir = tmp_path / "tiny"
+    build_model(path=model_dir)
+    path = _plain_yaml(tmp_path / "recipe.yaml", **REFERENCE)
+    assert "max_completion_length" not in path.read_text()
+    argv = [str(path), "--device", "cuda", "--num-devices", "1", "--device-memory-gib", "1", "--model", str(model_dir)]
+    code, out, err = _cli(argv, capsys)
+    assert code == 1, out + err
+    finding, table, _, train = _memory_figures(out)
+    code, out, _ = _cli(argv + ["--json"], capsys)
+    doc = json.loads(out)
+    [f] = [f for f in doc["findings"] if f["detector"] == "config_memory"]
+    assert finding == table == f"{doc['memory']['peak'] / GIB:.2f}"
+    assert f["evidence"]["peak_bytes"] == doc["memory"]["peak"]
+    assert f["evidence"]["train_phase"] == doc["memory"]["train_phase"] and train == f"{doc['memory']['train_phase'] / GIB:.2f}"
+    default = {x.name: x.default for x in dataclasses.fields(GRPOConfig)}["max_completion_length"]
+    seq = DEFAULT_PROMPT_LENGTH + default
+    assert f"{REFERENCE['per_device_train_batch_size']} seq x {seq} tok" in doc["memory"]["formulas"]["activations"]
+    assert f"max_completion_length {default} tokens (GRPOConfig's default)" in doc["memory"]["assumptions"]
+
+
+@pytest.mark.parametrize("model,section", [("QWEN25_7B", "### 7B dense"), ("QWEN3_30B_A3B", "### 30B-A3B MoE")])
+def test_docs_worked_figures_are_what_lint_prints(tmp_path, capsys, model, section):
+    """docs/MEMORY.md's first column (the recipe as written on one 80 GiB GPU) is lint's output for that recipe."""
+    import tests.test_memory as shapes
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(getattr(shapes, model)))
+    path = _plain_yaml(tmp_path / "recipe.yaml", **REFERENCE)
+    code, out, err = _cli([str(path), "--device", "cuda", "--num-devices", "1", "--device-memory-gib", "80",
+                           "--model", str(tmp_path / "model")], capsys)
+    assert code == 1, out + err
+    finding, peak, generation, train = _memory_figures(out)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "MEMORY.md").read_text(encoding="utf-8")
+    part = doc.split(section, 1)[1].split("\n### ", 1)[0]
+
+    def first_column(row):
+        return re.search(rf"^\| {row} \| ([\d.]+)", part, re.M).group(1)
+
+    assert (first_column("generation phase"), first_column("training phase")) == (generation, train)
+    assert finding == peak == max(generation, train, key=float)
+
+
 def test_trl_parser_accepts_the_yaml_the_lint_reads(tmp_path, tiny):
     from trl import GRPOConfig, ModelConfig, TrlParser
     from trl.scripts.grpo import GRPOScriptArguments
@@ -232,6 +345,21 @@ def test_trl_parser_accepts_the_yaml_the_lint_reads(tmp_path, tiny):
     findings, ctx = lint_path(path, **GPU)
     assert ctx["config"]["learning_rate"] == 5e-7
     assert _ids(findings) == REFERENCE_INFO
+
+
+def test_cli_says_once_that_a_gpu_recipe_is_judged_for_a_gpu(tmp_path, capsys):
+    _cpu_machine()
+    path = _plain_yaml(tmp_path / "gpu.yaml", **REFERENCE)
+    code, out, err = _cli([str(path)], capsys)
+    assert code == 0, out + err  # the reference recipe raises only info, wherever it is linted
+    notes = [line for line in out.splitlines() if "judged for a CUDA GPU" in line]
+    assert len(notes) == 1 and "--device cpu" in notes[0] and "bf16=True" in notes[0]
+    assert "config_vllm_cpu" not in out and "config_bf16" not in out and "use_vllm False" not in out
+    code, out, _ = _cli([str(path), "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["device"]["judged_for"] == "cuda" and doc["device"]["this_machine"] == "cpu" and doc["device"]["note"]
+    code, out, _ = _cli([str(path), "--device", "cpu"], capsys)
+    assert code == 1 and "config_vllm_cpu" in out and "config_bf16" in out and "judged for a CUDA GPU" not in out
 
 
 @pytest.mark.parametrize("content,name", [(None, "missing.yaml"), ("a: [1, 2\n", "broken.yaml"), ("- 1\n- 2\n", "list.yaml"),

@@ -182,6 +182,40 @@ def test_run_header_facts_give_a_parameter_only_estimate():
     assert "?" in est.table()
 
 
+def test_fields_left_out_take_the_installed_grpoconfig_defaults():
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    spelled_out = {k: fields[k] for k in ("max_completion_length", "per_device_train_batch_size", "gradient_checkpointing",
+                                          "optim", "beta", "vllm_gpu_memory_utilization", "use_vllm", "fp16")}
+    spelled_out["bf16"] = not spelled_out["fp16"]  # GRPOConfig resolves its None default so
+    bare = estimate({}, QWEN25_7B, device_memory_gib=80)
+    full = estimate(spelled_out, QWEN25_7B, device_memory_gib=80)
+    assert bare.terms == full.terms and bare.peak == full.peak
+    assert f"max_completion_length {fields['max_completion_length']} tokens (GRPOConfig's default)" in bare.assumptions
+    assert not any("max_completion_length" in a for a in full.assumptions)
+    # fp16 given, bf16 left out: bf16 follows it as in TRL, so activations stay 16-bit either way
+    assert estimate({"fp16": True}, QWEN25_7B).terms["activations"] == bare.terms["activations"]
+
+
+def test_without_trl_the_documented_defaults_give_the_same_estimate():
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('trl', 'torch', 'transformers'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import json\n"
+        "from grpo_monitor.monitor.memory import estimate\n"
+        f"print(estimate({{}}, {QWEN25_7B!r}, device_memory_gib=80).peak)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == estimate({}, QWEN25_7B, device_memory_gib=80).peak
+
+
 def test_model_shape_reads_a_model_directory(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
     assert model_shape(tmp_path)["num_parameters"] == shape_from_config(QWEN25_7B)["num_parameters"]
@@ -192,10 +226,11 @@ def test_system_metrics_without_torch_and_light_imports():
         "import sys, grpo_monitor.monitor.memory, grpo_monitor.monitor.lint, grpo_monitor.monitor.preflight.reward_gate\n"
         "m = grpo_monitor.monitor.memory.system_metrics()\n"
         "heavy = [x for x in ('torch', 'transformers', 'trl', 'textual') if x in sys.modules]\n"
-        "print(sorted(m), heavy, m['system/rss_peak_gib'] >= m['system/rss_gib'] > 0)\n"
+        "gpu = [k for k in m if k.startswith('system/gpu')]\n"
+        "print(gpu, heavy, m['system/rss_peak_gib'] >= m['system/rss_gib'] > 0)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "['system/rss_gib', 'system/rss_peak_gib'] [] True"
+    assert out == "[] [] True"  # no device figures from a process that never imported torch
 
 
 def test_system_metrics_after_torch_import_still_reports_process_memory():

@@ -400,3 +400,138 @@ def test_the_command_line_opens_the_screen_for_the_gate(tmp_path, monkeypatch):
     code = main(["inspect-rewards", "--samples", str(path), "--run-dir", str(tmp_path / "run"),
                  "--reward-funcs", "grpo_monitor.fixtures.tiny:correctness_reward", "--reference", "correctness_reward=exact_match"])
     assert code == 1 and opened == {"n": 6, "first": 4, "run_dir": str(tmp_path / "run")}
+
+
+# -- pre-flight checks on the gate's samples --------------------------------------------------------
+
+def _tiny_model_dir(tmp_path, with_tokenizer, chat_template=None):
+    """The tiny model saved the way a user's checkpoint folder is: with or without its tokenizer files."""
+    from grpo_monitor.fixtures.tiny import build_model, build_tokenizer
+
+    folder = tmp_path / ("model" if with_tokenizer else "model-no-tokenizer")
+    build_model(warm_start=150).save_pretrained(folder)
+    if with_tokenizer:
+        tok = build_tokenizer()
+        if chat_template:
+            tok.chat_template = chat_template
+        tok.save_pretrained(folder)
+    return folder
+
+
+def _dataset(tmp_path, conversational=False, n=16):
+    from grpo_monitor.fixtures.tiny import task_rows
+
+    rows = task_rows(n)
+    if conversational:
+        rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]} for r in rows]
+    path = tmp_path / ("conv.jsonl" if conversational else "prompts.jsonl")
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_model_folder_without_tokenizer_is_one_line_exit_2(tmp_path, capsys):
+    import subprocess
+
+    folder = _tiny_model_dir(tmp_path, with_tokenizer=False)
+    ds = _dataset(tmp_path)
+    argv = ["--model", str(folder), "--dataset", str(ds), "--auto", "--num-samples", "8",
+            "--reward-funcs", "grpo_monitor.fixtures.tiny:format_reward"]
+    capsys.readouterr()  # the model build's own progress output
+    assert main_inspect(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(folder) in err
+    assert "no tokenizer files" in err and "--tokenizer" in err
+    # The real command line says the same, without a traceback.
+    proc = subprocess.run([sys.executable, "-m", "grpo_monitor.monitor", "inspect-rewards", *argv],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no tokenizer files" in proc.stderr
+    # Passing the tokenizer it was trained with makes the folder usable.
+    tok_dir = _tiny_model_dir(tmp_path, with_tokenizer=True)
+    main_inspect([*argv, "--tokenizer", str(tok_dir)])
+    out = capsys.readouterr().out
+    assert "summary over 8 samples" in out and out.count("What is") == 8
+
+
+def test_a_constant_reward_function_is_flagged_and_fails_auto(tmp_path, capsys):
+    (tmp_path / "strict_rewards.py").write_text(
+        "import re\n"
+        "_STRICT = re.compile(r'^<think>.*</think>\\n<answer>.*</answer>$')  # no DOTALL: multi-line thinking never matches\n\n"
+        "def strict_format(completions, **kwargs):\n"
+        "    return [1.0 if _STRICT.match(c) else 0.0 for c in completions]\n")
+    sys.path.insert(0, str(tmp_path))
+    rows = [{"prompt": f"What is {i % 5} + 1 ?", "completion": f"<think>\nadd one\nto {i % 5}\n</think>\n<answer>{i % 5 + (i % 2)}</answer>",
+             "target": str(i % 5 + 1)} for i in range(12)]
+    src = tmp_path / "multi_line.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    argv = ["--samples", str(src), "--auto", "--reward-funcs", "strict_rewards:strict_format",
+            "grpo_monitor.fixtures.tiny:correctness_reward"]
+    assert main_inspect(argv) == 1  # CI fails on a reward that cannot pay
+    out = capsys.readouterr().out
+    assert "pre-flight checks:" in out and "strict_format gave all 12 samples the same score 0" in out
+    assert main_inspect([*argv, "--json"]) == 1
+    [check] = json.loads(capsys.readouterr().out)["checks"]
+    assert (check["check"], check["component"], check["value"], check["samples"]) == ("constant_reward", "strict_format", 0.0, 12)
+
+
+_THINK_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+                   "{% if add_generation_prompt %}assistant : <think> {% endif %}")
+
+
+def test_a_chat_template_that_writes_the_scaffold_is_flagged(tmp_path, capsys):
+    (tmp_path / "think_rewards.py").write_text(
+        "def think_format(completions, **kwargs):\n"
+        "    texts = [c[-1]['content'] for c in completions]\n"
+        "    return [1.0 if '<think>' in t and '</think>' in t else 0.0 for t in texts]\n\n"
+        "def opens_thinking(completions, **kwargs):\n"
+        "    return [0.5 if '<think>' in c[-1]['content'] else 0.0 for c in completions]\n\n"
+        "def exact_answer(completions, target, **kwargs):\n"
+        "    return [1.0 if t in c[-1]['content'] else 0.0 for c, t in zip(completions, target)]\n")
+    sys.path.insert(0, str(tmp_path))
+    folder = _tiny_model_dir(tmp_path, with_tokenizer=True, chat_template=_THINK_TEMPLATE)
+    ds = _dataset(tmp_path, conversational=True)
+    argv = ["--model", str(folder), "--dataset", str(ds), "--auto", "--json", "--num-samples", "16",
+            "--max-new-tokens", "8", "--reward-funcs", "think_rewards:think_format", "think_rewards:opens_thinking",
+            "think_rewards:exact_answer"]
+    assert main_inspect(argv) == 1
+    checks = {c["component"]: c for c in json.loads(capsys.readouterr().out)["checks"] if c["check"] == "template_scaffold"}
+    assert set(checks) == {"think_format", "opens_thinking"}  # exact_answer looks for no tag
+    assert checks["think_format"]["tags"] == ["think"] and checks["think_format"]["pays_for_scaffold_alone"] is False
+    assert "scores 0 forever" in checks["think_format"]["message"]
+    assert checks["opens_thinking"]["pays_for_scaffold_alone"] is True and "free" in checks["opens_thinking"]["message"]
+    assert checks["think_format"]["generation_prompt"].strip().endswith("<think>")
+
+
+def test_sampled_lengths_against_max_completion_length(tmp_path, capsys):
+    base = ["--demo", "--auto", "--json", "--num-samples", "64"]
+    # The demo's answers take a few tokens: a cap of 2 cuts nearly all of them.
+    assert main_inspect([*base, "--max-completion-length", "2"]) == 1
+    [check] = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["check"] == "truncation"]
+    assert check["severity"] == "warning" and check["share"] >= 0.9 and check["max_completion_length"] == 2
+    assert check["config_overrides"]["max_completion_length"] > 2 and check["alternative"] == {"mask_truncated_completions": True}
+    assert "max_completion_length=2" in check["message"]
+    # A generous cap: nothing to say.
+    assert main_inspect([*base, "--max-completion-length", "12"]) == 0
+    assert [c for c in json.loads(capsys.readouterr().out)["checks"] if c["check"] == "truncation"] == []
+    # A gate budget at or below the cap cannot tell what the cap would cut, and says so as a note. (Two
+    # tokens hold no answer, so both rewards are constant 0: those are the warnings.)
+    assert main_inspect([*base, "--max-completion-length", "4", "--max-new-tokens", "2"]) == 1
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    [note] = [c for c in checks if c["check"] == "truncation"]
+    assert note["severity"] == "info" and "--max-new-tokens above 4" in note["message"]
+    assert sorted(c["component"] for c in checks if c["severity"] == "warning") == ["correctness_reward", "format_reward"]
+
+
+async def test_gate_screen_shows_the_checks_and_the_verdict_keeps_them(tmp_path):
+    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.monitor.preflight.reward_gate import preflight_checks
+
+    samples = [{"prompt": "What is 1 + 1 ?", "completion": f"<answer> {i} </answer>", "columns": {"target": "2"}}
+               for i in range(10)]
+    scores, errors = score_samples(samples, REWARD_FUNCS)
+    checks = preflight_checks(samples, scores, errors, REWARD_FUNCS)
+    assert [c["component"] for c in checks] == ["format_reward"]  # every sample well formed: the same 1.0
+    app = RewardGateApp(GateSession(samples, scores, errors, min_judged=1, checks=checks), tmp_path, REWARD_FUNCS)
+    async with app.run_test() as pilot:
+        assert "format_reward gave all 10 samples the same score 1" in _plain(app, "#checks")
+        await pilot.press("a", "s", "q")
+    assert json.loads((tmp_path / GATE_FILE).read_text())["checks"][0]["component"] == "format_reward"

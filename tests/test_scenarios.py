@@ -47,7 +47,7 @@ def test_demo_collapse_auto_restart_switches_to_dapo(tmp_path):
               "--run-dir", str(tmp_path / "D"))
     assert out.returncode == 0, out.stderr[-3000:]
     first, second = check_dapo_lineage(tmp_path / "D")
-    assert "stopped at step" in out.stdout and "segment 1 (dapo" in out.stdout
+    assert "stopped at step" in out.stdout and "segment 2 (dapo" in out.stdout and "segment 1 (plain GRPO)" in out.stdout
 
 
 def test_supervise_collapse_relaunches_the_script_with_dapo_flags(tmp_path):

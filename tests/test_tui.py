@@ -50,6 +50,11 @@ def screen_text(app) -> str:
     return console.export_text()
 
 
+def header_text(app) -> str:
+    """The run header's text on one line, however the terminal wraps it."""
+    return app.screen.query_one("#run-header", Static).visual.plain.replace("\n", " ")
+
+
 async def wait_for(pilot, cond, timeout: float = 5.0) -> bool:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
@@ -106,10 +111,10 @@ def test_tailer_follows_a_restart_into_its_child_run(tmp_path: Path) -> None:
     tailer = RunTailer(d)
     assert len(tailer.poll().records) == 6
     w.write({"type": "restart", "step": 5, "variant": "gspo", "config_overrides": {"importance_sampling_level": "sequence"},
-             "resume_from": "checkpoint-4", "child_run": "segment-2"})
+             "resume_from": "checkpoint-4", "child_run": "segment-1"})
     assert [r["type"] for r in tailer.poll().records] == ["restart"]
-    child = RunWriter(d / "segment-2")
-    child.header(**header(segment=2, parent_run=str(d)))
+    child = RunWriter(d / "segment-1")
+    child.header(**header(segment=1, parent_run=str(d)))
     append_steps(child, range(5, 8), samples_per_step=2, findings=False)
     kinds = [r["type"] for r in tailer.poll().records]
     assert kinds.count("header") == 1 and kinds.count("step") == 3 and kinds.count("sample") == 6
@@ -282,9 +287,9 @@ async def test_a_restart_shows_the_new_segment(tmp_path: Path) -> None:
         await loaded(pilot)
         assert "seg 1 · 0 restarts" in screen_text(app)
         w.write({"type": "restart", "step": 10, "variant": "gspo", "config_overrides": {"loss_type": "grpo"},
-                 "resume_from": None, "child_run": "seg2"})
-        child = RunWriter(d / "seg2")
-        h = header(segment=2, parent_run=str(d))
+                 "resume_from": None, "child_run": "segment-1"})
+        child = RunWriter(d / "segment-1")
+        h = header(segment=1, parent_run=str(d))  # the callback records the first restart as segment 1
         h["config"] = {**h["config"], "loss_type": "grpo", "importance_sampling_level": "sequence"}
         child.header(**h)
         append_steps(child, range(8, 14), samples_per_step=0, findings=False)  # resumed from step 7
@@ -292,6 +297,128 @@ async def test_a_restart_shows_the_new_segment(tmp_path: Path) -> None:
         text = screen_text(app)
         assert "loss_type grpo" in text and "IS sequence" in text and "step 13" in text
         assert app.model.store.steps.tolist() == list(range(1, 14))
+
+
+@aio
+async def test_segments_count_from_one_for_run_directories_and_replayed_logs(tmp_path: Path) -> None:
+    # A run directory as the callback writes it: the root records segment 0, its first restart
+    # segment-1/ records segment 1.
+    d = tmp_path / "run"
+    w = RunWriter(d)
+    w.header(**header(moe=False))
+    append_steps(w, range(1, 6), moe=False, samples_per_step=0, findings=False)
+    w.write({"type": "restart", "step": 5, "variant": "dapo", "config_overrides": {}, "resume_from": None,
+             "child_run": "segment-1"})
+    w.close()
+    app = WatchApp(d, poll_interval=FAST)
+    async with app.run_test(size=(120, 30)) as pilot:
+        # Until the child writes its log the dashboard waits for it, on the parent's segment.
+        assert await wait_for(pilot, lambda: app.model.store.n == 5 and "seg 1 · 1 restart " in header_text(app))
+        child = RunWriter(d / "segment-1")
+        child.header(**header(moe=False, segment=1, parent_run="demo-run"))
+        append_steps(child, range(5, 9), moe=False, samples_per_step=0, findings=False)
+        child.close()
+        assert await wait_for(pilot, lambda: "seg 2 · 1 restart " in header_text(app), timeout=3.0)
+        assert "seg 0" not in header_text(app) and "seg 3" not in header_text(app)
+    # A replayed log is one segment: the first.
+    state = tmp_path / "trainer_state.json"
+    state.write_text(json.dumps({"log_history": [{"step": s, "loss": 0.1, "reward": 0.5} for s in range(1, 6)]}))
+    app = WatchApp(state, poll_interval=FAST)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await loaded(pilot)
+        assert "replayed" in header_text(app) and "seg 1 · 0 restarts" in header_text(app)
+    # analyze's report numbers the same lineage the same way.
+    from grpo_monitor.monitor.analysis import analyze, render_text
+
+    text = render_text(analyze(d))
+    heads = [line for line in text.splitlines() if line.startswith("== ")]
+    assert len(heads) == 2, text
+    assert heads[0].startswith(f"== {d}  (segment 1, run_dir") and heads[1].startswith(
+        f"== {d / 'segment-1'}  (segment 2, run_dir"), heads
+    single = tmp_path / "single"
+    write_synthetic_run(single, steps=5, moe=False, samples_per_step=0, findings=False)
+    assert render_text(analyze(single)).splitlines()[0] == f"== {single}  (run_dir, 5 logged steps, Qwen3ForCausalLM)"
+
+
+@aio
+async def test_kl_chart_says_it_is_not_logged_when_beta_is_zero(tmp_path: Path) -> None:
+    def write(d: Path, beta: float) -> None:
+        w = RunWriter(d)
+        h = header(moe=False)
+        h["config"] = {**h["config"], "beta": beta}
+        w.header(**h)
+        for s in range(1, 11):  # TRL logs no kl at all when beta is 0
+            rec = step_record(s, moe=False)
+            del rec["metrics"]["kl"]
+            w.write(rec)
+        w.close()
+
+    write(tmp_path / "beta0", 0.0)
+    write(tmp_path / "beta", 0.04)
+    app = WatchApp(tmp_path / "beta0", poll_interval=FAST)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await loaded(pilot)
+        kl = app.screen.query_one("#chart-kl", LineChart)
+        entropy = app.screen.query_one("#chart-entropy", LineChart)
+        assert await wait_for(pilot, lambda: kl.rendered_n == 10 and entropy.rendered_n == 10)
+        text = screen_text(app)
+        assert "not logged (beta=0)" in text and "waiting for data" not in text
+    # A live run with a KL penalty that has not logged kl yet is still waiting for it.
+    app = WatchApp(tmp_path / "beta", poll_interval=FAST)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await loaded(pilot)
+        kl = app.screen.query_one("#chart-kl", LineChart)
+        assert await wait_for(pilot, lambda: kl.rendered_n == 10)
+        text = screen_text(app)
+        assert "waiting for data…" in text and "not logged" not in text
+
+
+@aio
+async def test_enter_opens_the_selected_sample_in_full(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    long_completion = "<think>" + "\n".join(f"line {i}: counting on from three." for i in range(120)) + "</think>"
+    write_synthetic_run(d, steps=3, moe=False, samples_per_step=2, findings=False,
+                        completions=[long_completion, "<answer>7</answer>"])
+    app = WatchApp(d, poll_interval=FAST)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await loaded(pilot)
+        await pilot.press("4")
+        await pilot.pause()
+        table = app.screen.query_one("#samples-table", DataTable)
+        await pilot.press("down")
+        await pilot.pause()
+        row = table.cursor_row
+        step, index = int(str(table.get_row_at(row)[0])), int(str(table.get_row_at(row)[1]))
+        sample = next(s for s in app.model.samples if s["step"] == step and s["index"] == index)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "SampleScreen"
+        full = app.screen.query_one("#sample-full", Static).visual.plain
+        assert sample["prompt"] in full and sample["completion"] in full
+        numbers = (("length", f"{sample['length']} tokens"), ("truncated", "yes" if sample["truncated"] else "no"),
+                   ("correct", "yes" if sample["correct"] else "no"))
+        for name, value in numbers:
+            assert any(line.split() == [name, *value.split()] for line in full.splitlines()), (name, full)
+        for comp, value in sample["rewards"].items():
+            assert any(line.split() == [comp, f"{value:.4g}"] for line in full.splitlines()), (comp, full)
+        # The long one scrolls: its last line is below the fold until the user scrolls down.
+        assert sample["completion"] == long_completion
+        scroll = app.screen.query_one("#sample-full-scroll")
+        assert "line 119" not in screen_text(app)
+        await pilot.press("end")
+        await pilot.pause()
+        assert scroll.scroll_y > 0 and "line 119" in screen_text(app)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "DashboardScreen"
+        assert app.screen.query_one("TabbedContent").active == "samples"
+        # Every row opens its own sample.
+        await pilot.press("up", "enter")
+        await pilot.pause()
+        other = table.get_row_at(table.cursor_row)
+        assert type(app.screen).__name__ == "SampleScreen"
+        assert f"step      {other[0]}" in app.screen.query_one("#sample-full", Static).visual.plain
+        await pilot.press("escape")
 
 
 INJECTIONS = [
@@ -335,9 +462,16 @@ async def test_markup_and_escape_sequences_in_completions_are_shown_verbatim(tmp
         await pilot.click("#samples-table", offset=(60, 1))
         await pilot.pause()
         assert app.is_running
+        while type(app.screen).__name__ == "SampleScreen":  # a click on the highlighted row opens it
+            await pilot.press("escape")
+            await pilot.pause()
         await pilot.press("enter")
         await pilot.pause()
-        assert app.is_running and shown in app.screen.query_one("#sample-detail", Static).visual.plain
+        assert app.is_running and type(app.screen).__name__ == "SampleScreen"
+        full = screen_text(app)
+        for piece in ["[bold red]x[/]", "␛[31mred␛[0m", "[@click=app.quit]q[/]"]:
+            assert piece in full, piece
+        assert "\x1b" not in full and shown in app.screen.query_one("#sample-full", Static).visual.plain
 
 
 @aio
@@ -425,12 +559,51 @@ async def test_foreign_log_is_replayed_through_the_detectors(tmp_path: Path) -> 
 
 
 @aio
-async def test_unreadable_path_reports_one_line(tmp_path: Path) -> None:
+async def test_unreadable_path_closes_the_app_with_one_line(tmp_path: Path) -> None:
     pytest.importorskip("grpo_monitor.monitor.sources")
     bad = tmp_path / "notes.txt"
     bad.write_text("hello\n")
     app = WatchApp(bad, poll_interval=FAST)
     async with app.run_test(size=(120, 30)) as pilot:
+        assert await wait_for(pilot, lambda: not app.is_running, timeout=5.0)
+    assert app.error is not None and "\n" not in app.error and "notes.txt" in app.error
+    assert app.return_code == 2
+
+
+@aio
+async def test_unreadable_path_with_wait_is_reported_on_screen(tmp_path: Path) -> None:
+    pytest.importorskip("grpo_monitor.monitor.sources")
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello\n")
+    app = WatchApp(bad, poll_interval=FAST, wait=True)
+    async with app.run_test(size=(120, 30)) as pilot:
         assert await wait_for(pilot, lambda: app.error is not None, timeout=5.0)
         assert "\n" not in app.error and "notes.txt" in app.error
-        assert "cannot read" in screen_text(app)
+        assert await wait_for(pilot, lambda: "cannot read" in screen_text(app), timeout=2.0)
+        assert app.is_running
+
+
+def test_check_path_names_the_path_and_the_fault(tmp_path: Path) -> None:
+    from grpo_monitor.monitor.tui import check_path
+
+    missing = tmp_path / "typo"
+    assert "no such file or directory" in check_path(missing) and str(missing) in check_path(missing)
+    assert check_path(missing, wait=True) is None
+    garbage = tmp_path / "x.bin"
+    garbage.write_bytes(b"\x00\x01\x02" * 100)
+    assert check_path(garbage).startswith(f"{garbage}: not a run this tool reads")
+    fake = tmp_path / "fake"
+    (fake / "run.jsonl").mkdir(parents=True)
+    assert "not a run this tool reads" in check_path(fake / "run.jsonl")
+    starting = tmp_path / "starting"
+    starting.mkdir()
+    (starting / "samples.rank0.jsonl").write_text("")
+    assert check_path(starting) is None  # a run whose log has no header yet
+    (starting / "run.jsonl").write_text("")
+    assert check_path(starting) is None
+    (starting / "run.jsonl").write_text('{"type": "header", "schema": 1')  # the header being written
+    assert check_path(starting) is None
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README.md").write_text("# my project\n")
+    assert "not a run this tool reads" in check_path(project)

@@ -57,6 +57,10 @@ def test_samples(snap_compare, app, size) -> None:
     assert snap_compare(app, terminal_size=size, press=["4", "down", "down"], run_before=_loaded)
 
 
+def test_sample_in_full(snap_compare, app) -> None:
+    assert snap_compare(app, terminal_size=NARROW, press=["4", "down", "enter"], run_before=_loaded)
+
+
 def test_samples_filtered(snap_compare, app) -> None:
     assert snap_compare(app, terminal_size=NARROW, press=["4", "slash", *"7 correct", "enter"], run_before=_loaded)
 

@@ -13,8 +13,10 @@ from typing import Any
 
 RANK = {"info": 0, "warning": 1, "critical": 2}
 QUIET_STATES = ("ok", "warming_up")
-# The recommendation fields a message carries: the variant and its diff against the run's config.
+# The recommendation fields a message carries: the variant (or remedy), whether it is a switch or advice
+# (``status``), its diff against the run's config and the advice no flag carries (``extra``).
 REC_FIELDS = ("variant", "config_overrides", "cli_flags", "python")
+REC_OPTIONAL = ("status", "extra")
 FINDING_FIELDS = ("detector", "severity", "step", "onset_step", "variant", "config_overrides", "evidence", "message")
 
 
@@ -25,8 +27,14 @@ def as_dict(finding: Any) -> dict[str, Any]:
 def recommendation_for(finding: Mapping[str, Any], recs: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     for r in recs:
         if r.get("detector") == finding.get("detector") and r.get("step") == finding.get("step"):
-            return {k: r.get(k) for k in REC_FIELDS}
+            return rec_fields(r)
     return None
+
+
+def rec_fields(rec: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: rec.get(k) for k in REC_FIELDS}
+    out.update({k: rec[k] for k in REC_OPTIONAL if rec.get(k)})
+    return out
 
 
 def verdict_of(findings: Iterable[Mapping[str, Any]]) -> str:
@@ -101,7 +109,7 @@ def verdict_message(verdict: str, findings: Sequence[Mapping[str, Any]], recs: S
         "steps": steps,
         "verdict": verdict,
         "findings": [{k: f.get(k) for k in FINDING_FIELDS} for f in flagged],
-        "recommendations": [{k: r.get(k) for k in REC_FIELDS} for r in recs],
+        "recommendations": [rec_fields(r) for r in recs],
         "finding": None,
         "recommendation": None,
     }

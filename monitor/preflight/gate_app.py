@@ -40,6 +40,7 @@ class RewardGateApp(App):
     #scores { margin-top: 1; }
     #note { display: none; }
     #note.open { display: block; }
+    #checks { padding: 0 1; color: $warning; }
     """
     BINDINGS = [
         Binding("a", "agree", "agree"),
@@ -65,6 +66,7 @@ class RewardGateApp(App):
 
     def compose(self) -> ComposeResult:
         yield Static(id="status")
+        yield Static(id="checks")
         with VerticalScroll(id="body"):
             yield Static("prompt", classes="label")
             yield Static(id="prompt")
@@ -76,6 +78,7 @@ class RewardGateApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.query_one("#checks", Static).update(self.checks_text())
         self.refresh_sample()
 
     # -- rendering ------------------------------------------------------------------------
@@ -94,6 +97,15 @@ class RewardGateApp(App):
         if self.saved is not None:
             line2 += f"   last save: {'PASSED' if self.saved['passed'] else 'not passed'}"
         return Text(line1 + "\n" + line2)
+
+    def checks_text(self) -> Text:
+        """The pre-flight findings on these samples, above every sample: what one sample cannot show."""
+        t = Text()
+        for c in self.session.checks:
+            t.append(f"{c.get('severity', 'note')}: ", style="bold")
+            t.append(literal(str(c.get("message", ""))))
+            t.append("\n")
+        return t
 
     def scores_text(self) -> Text:
         t = Text()

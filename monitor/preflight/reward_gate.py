@@ -32,6 +32,7 @@ import inspect
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +42,13 @@ from typing import Any
 from grpo_monitor.monitor.metrics import to_value
 
 GATE_FILE = "reward_gate.json"
+TRL_DEFAULT_MAX_COMPLETION_LENGTH = 512  # GRPOConfig's default in TRL 1.16
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "sentencepiece.bpe.model")
+# Fewer scores than this can be alike by chance; a reward constant over more is broken or free.
+MIN_CONSTANT_SAMPLES = 8
+# Share of sampled completions past the cap from which the cap is reported.
+TRUNCATION_WARN_SHARE = 0.1
 SCHEMA = 1
 DEFAULT_THRESHOLD = 0.9
 DEFAULT_MIN_JUDGED = 50
@@ -140,6 +148,16 @@ def reward_source_hash(func: Any) -> str:
     """SHA-256 over the function's source and what it reads from its module: the source of
     same-module functions and classes it calls (recursively) and the value of simple globals
     (strings, numbers, compiled patterns). A bound method or a callable object hashes its class."""
+    return hashlib.sha256("\n".join(_reward_parts(func)).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def reward_text(func: Any) -> str:
+    """What a reward function reads, as text: its source, the same-module code it calls and its
+    simple globals (patterns included). The pre-flight checks look in it for the tags it expects."""
+    return "\n".join(_reward_parts(func))
+
+
+def _reward_parts(func: Any) -> list[str]:
     func = _unwrap(func)
     parts: list[str] = []
     if hasattr(func, "func") and hasattr(func, "keywords"):  # functools.partial
@@ -177,7 +195,7 @@ def reward_source_hash(func: Any) -> str:
                     parts.append(f"{name}=re({val.pattern!r},{val.flags})")
 
     visit(func)
-    return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+    return parts
 
 
 def reward_fingerprints(funcs: Sequence[Any]) -> dict[str, str]:
@@ -247,7 +265,9 @@ def sample_from_model(
                                      pad_token_id=tokenizer.pad_token_id)
             width = enc["input_ids"].shape[1]
             completions = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+            stops = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
             for j, text in enumerate(completions):
+                new_ids = [int(t) for t in gen[j, width:]]
                 row = chunk[j // per_prompt]
                 conversational = isinstance(row["prompt"], list)
                 out.append({
@@ -256,6 +276,8 @@ def sample_from_model(
                     "columns": {k: v for k, v in row.items() if k != "prompt"},
                     "group": start + j // per_prompt,
                     "length": int((gen[j, width:] != tokenizer.pad_token_id).sum()),
+                    # Ran into the budget without stopping: longer than the budget would allow.
+                    "truncated": len(new_ids) >= int(max_new_tokens) and not stops & set(new_ids),
                 })
     finally:
         tokenizer.padding_side = side
@@ -284,8 +306,12 @@ def read_samples_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             continue  # a run's sample kept only as numbers (its text was not retained)
         if not isinstance(rec, dict) or "prompt" not in rec or "completion" not in rec:
             raise GateInputError(f"{p}:{n}: a record needs 'prompt' and 'completion'")
-        samples.append({"prompt": rec["prompt"], "completion": rec["completion"],
-                        "columns": {k: v for k, v in rec.items() if k not in skip and k not in ("prompt", "completion")}})
+        sample = {"prompt": rec["prompt"], "completion": rec["completion"],
+                  "columns": {k: v for k, v in rec.items() if k not in skip and k not in ("prompt", "completion")}}
+        if isinstance(rec.get("length"), int) and not isinstance(rec.get("length"), bool):
+            sample["length"] = rec["length"]  # completion tokens, as a run's sample records hold them
+            sample["truncated"] = rec.get("truncated") is True
+        samples.append(sample)
     if not samples:
         raise GateInputError(f"{p}: no samples")
     return samples
@@ -424,6 +450,8 @@ class GateSession:
     judgements: list[Judgement] = dataclasses.field(default_factory=list)
     # component name -> {"reference": label, "scores": [...]}: a reference reward's scores on the same samples
     references: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # Pre-flight findings on the samples (``preflight_checks``): shown on the screen, saved with the verdict.
+    checks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.judgements:
@@ -539,6 +567,7 @@ class GateSession:
             "disagreements": disagreements,
             "notes": notes,
             "references": self.reference_summary(),
+            "checks": list(self.checks),
             "source": dict(source or {}),
         }
 
@@ -673,6 +702,168 @@ def score_summary(scores: Mapping[str, Sequence[float | None]]) -> dict[str, dic
     return out
 
 
+# -- pre-flight checks on the sampled completions ------------------------------------------------
+# What a person judging one sample at a time does not see: a function that scores every sample alike,
+# a chat template that already writes the scaffold a format reward looks for, and a length cap that
+# would cut a large share of what the model writes.
+
+_TAG = re.compile(r"</?([A-Za-z_][\w.-]*)>")
+_TRAILING_TAGS = re.compile(r"(?:</?[A-Za-z_][\w.-]*>\s*)+$")
+
+
+# The gate's named pre-flight checks (``checks[].check`` in its report).
+GATE_CHECKS = ("constant_reward", "template_scaffold", "truncation")
+
+
+def _check(kind: str, severity: str, message: str, **evidence: Any) -> dict[str, Any]:
+    if kind not in GATE_CHECKS:
+        raise ValueError(f"unknown gate check {kind!r}")
+    return {"check": kind, "severity": severity, "message": message, **evidence}
+
+
+def constant_reward_checks(scores: Mapping[str, Sequence[float | None]], errors: Mapping[str, str] | None = None
+                           ) -> list[dict[str, Any]]:
+    """A function whose scores over the gate's samples are all identical: it returns a constant, reads a
+    wrong key, never matches, or pays for something every completion (or the template) has.
+
+    >>> [c["component"] for c in constant_reward_checks({"fmt": [0.0] * 10, "acc": [0.0, 1.0] * 5})]
+    ['fmt']
+    """
+    out = []
+    for name, vals in scores.items():
+        if name in (errors or {}):
+            continue
+        finite = [float(v) for v in vals if v is not None and math.isfinite(v)]
+        if len(finite) < MIN_CONSTANT_SAMPLES or max(finite) - min(finite) > 1e-12:
+            continue
+        v = finite[0]
+        why = ("never pays: a regex that fails on newlines (no re.DOTALL), a tag the completions never contain, "
+               "or a wrong dataset key" if v == 0 else
+               "pays every completion the same: a fallback score, a constant, or a format the prompt already supplies")
+        out.append(_check("constant_reward", "warning",
+                          f"{name} gave all {len(finite)} samples the same score {v:g}: it {why}. A constant reward "
+                          "carries no signal; run it on a completion that should score differently.",
+                          component=name, value=v, samples=len(finite)))
+    return out
+
+
+def generation_prompt_suffix(prompt: Any, tokenizer: Any) -> str | None:
+    """What the model's completion continues from, beyond the conversation itself: the chat template's
+    generation prompt (``add_generation_prompt=True`` against ``False``), or the tags a plain prompt ends with."""
+    if isinstance(prompt, str):
+        m = _TRAILING_TAGS.search(prompt)
+        return m.group(0) if m else None
+    if isinstance(prompt, list) and tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        with_gen = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        without = tokenizer.apply_chat_template(prompt, add_generation_prompt=False, tokenize=False)
+        return with_gen[len(without):] if with_gen.startswith(without) else with_gen[-200:]
+    return None
+
+
+def scaffold_checks(samples: Sequence[Mapping[str, Any]], funcs: Sequence[Any], tokenizer: Any = None
+                    ) -> list[dict[str, Any]]:
+    """Tags the generation prompt already holds that a reward function looks for. The completion then
+    never contains them (a format reward that requires them pays 0 forever), or, where the function
+    pays for the scaffold alone, the reward is free."""
+    suffix = None
+    sample = None
+    for smp in samples:
+        try:
+            suffix = generation_prompt_suffix(smp.get("prompt"), tokenizer)
+        except Exception:  # a template that cannot render this conversation: nothing to read
+            suffix = None
+        if suffix and _TAG.search(suffix):
+            sample = smp
+            break
+    if not suffix or sample is None:
+        return []
+    tags = list(dict.fromkeys(_TAG.findall(suffix)))
+    out = []
+    for func in funcs:
+        try:
+            text = reward_text(func)
+        except Exception:
+            continue
+        hit = [t for t in tags if f"<{t}>" in text or f"</{t}>" in text]
+        if not hit:
+            continue
+        name = reward_func_name(func)
+        conversational = isinstance(sample.get("prompt"), list)
+        probe = [dict(sample, completion=[{"role": "assistant", "content": c}] if conversational else c)
+                 for c in (suffix.strip(), "")]
+        scores, errors = score_samples(probe, [func])
+        alone, empty = scores.get(name, [None, None])
+        free = not errors and alone is not None and empty is not None and alone > empty
+        shown = suffix.strip().replace("\n", "⏎")
+        if free:
+            msg = (f"the generation prompt already ends with {shown!r} and {name} pays for that scaffold alone "
+                   f"({alone:g} against {empty:g} for an empty completion): the format reward is free.")
+        else:
+            msg = (f"the generation prompt already ends with {shown!r}, which {name} looks for: completions "
+                   "never contain it, so a format that requires it scores 0 forever. Match the completion without "
+                   "the tag the template supplies (or prepend it before scoring).")
+        out.append(_check("template_scaffold", "warning", "chat template: " + msg, component=name, tags=hit,
+                          generation_prompt=suffix, pays_for_scaffold_alone=free))
+    return out
+
+
+def length_checks(samples: Sequence[Mapping[str, Any]], max_completion_length: int | None,
+                  budget: int | None = None) -> list[dict[str, Any]]:
+    """The share of sampled completions longer than the training run's ``max_completion_length``.
+
+    >>> rows = [{"length": n, "truncated": False} for n in (100, 300, 600, 700)] * 5
+    >>> [(c["share"], c["config_overrides"]) for c in length_checks(rows, 512, budget=800)]
+    [(0.5, {'max_completion_length': 768})]
+    """
+    cap = max_completion_length
+    lengths = [(int(s["length"]), s.get("truncated") is True) for s in samples
+               if isinstance(s.get("length"), int) and not isinstance(s.get("length"), bool)]
+    if not cap or not lengths:
+        return []
+    n = len(lengths)
+    if budget is not None and budget <= cap:
+        hit = sum(1 for _, cut in lengths if cut)
+        if hit / n < TRUNCATION_WARN_SHARE:
+            return []
+        return [_check("truncation", "info",
+                       f"{100 * hit / n:.0f}% of the {n} samples ran into the gate's own budget of {budget} tokens, at "
+                       f"or below max_completion_length={cap}: rerun with --max-new-tokens above {cap} to see how "
+                       "many the cap would cut.", share=None, budget=budget, max_completion_length=cap)]
+    over = [L for L, cut in lengths if L > cap or (cut and L >= cap)]
+    share = len(over) / n
+    if share < TRUNCATION_WARN_SHARE:
+        return []
+    ordered = sorted(L for L, _ in lengths)
+    p90 = ordered[min(n - 1, math.ceil(0.9 * n) - 1)]
+    at_budget = budget is not None and any(cut for _, cut in lengths)
+    suggested = max(cap + 256, 256 * math.ceil(max(p90, budget or 0 if at_budget else 0) / 256))
+    fits = "at least " if at_budget else ""
+    default = " (TRL's default)" if cap == TRL_DEFAULT_MAX_COMPLETION_LENGTH else ""
+    return [_check("truncation", "warning",
+                   f"{100 * share:.0f}% of the {n} sampled completions are longer than max_completion_length={cap}"
+                   f"{default}: TRL would cut them, and a cut completion loses its closing tags and answer (the "
+                   f"commonest zero-reward report). Set max_completion_length={fits}{suggested} (90% of the samples "
+                   "fit), or mask_truncated_completions=True to keep cut completions out of the loss.",
+                   share=round(share, 4), samples=n, p90_length=p90, max_completion_length=cap, budget=budget,
+                   config_overrides={"max_completion_length": suggested},
+                   alternative={"mask_truncated_completions": True})]
+
+
+def preflight_checks(samples: Sequence[Mapping[str, Any]], scores: Mapping[str, Sequence[float | None]],
+                     errors: Mapping[str, str] | None, funcs: Sequence[Any], tokenizer: Any = None,
+                     max_completion_length: int | None = None, budget: int | None = None) -> list[dict[str, Any]]:
+    """Every pre-flight check on the gate's samples, warnings first."""
+    out = constant_reward_checks(scores, errors) + scaffold_checks(samples, funcs, tokenizer)
+    out += length_checks(samples, max_completion_length, budget)
+    return sorted(out, key=lambda c: c["severity"] != "warning")
+
+
+def checks_report(checks: Sequence[Mapping[str, Any]]) -> str:
+    if not checks:
+        return "pre-flight checks: nothing found"
+    return "\n".join(["pre-flight checks:"] + [f"  {c['severity']}: {c['message']}" for c in checks])
+
+
 AUTO_NOTICE = ("--auto never passes the reward gate: no one judged these samples. Read them by hand with "
                "`grpo-monitor inspect-rewards` (without --auto) before training.")
 
@@ -714,7 +905,13 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--run-dir", default=None, help="run directory the verdict is saved in (reward_gate.json)")
     parser.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES, help="completions to inspect (50-100)")
     parser.add_argument("--per-prompt", type=int, default=4, help="completions sampled per prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="completion length cap (default 64; 16 with --demo)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="generation budget of the gate (default 64, or 1.25x --max-completion-length; 16 with --demo)")
+    parser.add_argument("--max-completion-length", type=int, default=None, metavar="N",
+                        help="the training run's max_completion_length: warn with the share of sampled completions "
+                             f"it would cut (TRL's default is {TRL_DEFAULT_MAX_COMPLETION_LENGTH})")
+    parser.add_argument("--tokenizer", default=None, metavar="DIR_OR_HUB_ID",
+                        help="tokenizer to use with --model when the model folder has none")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="pass rate the gate needs (default 0.9)")
@@ -760,6 +957,45 @@ def _load_dataset_file(path: str) -> list[dict[str, Any]]:
 
 def collect(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Any], dict[str, Any]]:
     """(samples, reward functions, source description) from the parsed arguments."""
+    samples, funcs, source, _ = collect_inputs(args)
+    return samples, funcs, source
+
+
+def _budget(args: argparse.Namespace, default: int) -> int:
+    if args.max_new_tokens:
+        return int(args.max_new_tokens)
+    cap = getattr(args, "max_completion_length", None)
+    # Past the training cap, so the gate sees which completions the cap would cut.
+    return max(default, cap + cap // 4) if cap else default
+
+
+def tokenizer_files_missing(path: str | os.PathLike[str]) -> bool:
+    """A local folder without any tokenizer file (``from_pretrained`` would build an empty tokenizer
+    from the model config and generation would fail on empty inputs)."""
+    p = Path(path)
+    return p.is_dir() and not any((p / name).is_file() for name in TOKENIZER_FILES)
+
+
+def _load_tokenizer(model_dir: str, tokenizer: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    where = tokenizer or model_dir
+    missing = (f"{where}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...); pass --tokenizer DIR_OR_HUB_ID "
+               "with the tokenizer the model was trained with")
+    if tokenizer_files_missing(where):
+        raise GateInputError(missing)
+    try:
+        tok = AutoTokenizer.from_pretrained(where)
+    except Exception as exc:
+        raise GateInputError(f"{where}: cannot load the tokenizer ({type(exc).__name__}: {exc})") from None
+    if len(tok) <= 1:
+        raise GateInputError(missing)
+    return tok
+
+
+def collect_inputs(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Any], dict[str, Any], dict[str, Any]]:
+    """``collect`` plus what the pre-flight checks need: the tokenizer and the generation budget."""
+    extras: dict[str, Any] = {"tokenizer": None, "budget": None}
     specs = list(args.reward_funcs or (DEMO_REWARD_SPECS if args.demo else []))
     if not specs:
         raise GateInputError("--reward-funcs is required (module:function import strings)")
@@ -775,25 +1011,28 @@ def collect(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Any], 
             model, tok = build_model(warm_start=150), build_tokenizer()
             rows = _load_dataset_file(args.dataset) if args.dataset else _rows(build_dataset())
             source.update(model="demo (fixtures.tiny, warm start 150)", dataset=args.dataset or "grpo_monitor.fixtures.tiny")
-            max_new = args.max_new_tokens or 16
+            max_new = _budget(args, 16)
         else:
             if not args.dataset:
                 raise GateInputError("--model needs --dataset FILE with the training prompts")
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoModelForCausalLM
 
+            tok = _load_tokenizer(args.model, getattr(args, "tokenizer", None))
             try:
                 model = AutoModelForCausalLM.from_pretrained(args.model)
-                tok = AutoTokenizer.from_pretrained(args.model)
             except Exception as exc:
                 raise GateInputError(f"{args.model}: cannot load the model ({type(exc).__name__}: {exc})") from None
             rows = _load_dataset_file(args.dataset)
             source.update(model=str(args.model), dataset=str(args.dataset))
-            max_new = args.max_new_tokens or 64
+            max_new = _budget(args, 64)
         samples = sample_from_model(model, tok, rows, num_samples=args.num_samples, per_prompt=args.per_prompt,
                                     max_new_tokens=max_new, temperature=args.temperature, seed=args.seed)
+        extras.update(tokenizer=tok, budget=max_new)
     else:
         raise GateInputError("give a source of completions: --model DIR --dataset FILE, --samples FILE.jsonl or --demo")
-    return samples, funcs, source
+    if getattr(args, "max_completion_length", None):
+        source["max_completion_length"] = int(args.max_completion_length)
+    return samples, funcs, source, extras
 
 
 OpenScreen = Callable[["GateSession", "str | os.PathLike[str]", Sequence[Any], Mapping[str, Any]], "dict[str, Any] | None"]
@@ -810,13 +1049,18 @@ def run_inspect_cli(args: argparse.Namespace, open_screen: OpenScreen | None = N
         print("grpo-monitor: inspect-rewards needs --run-dir (where reward_gate.json is saved), or --auto", file=sys.stderr)
         return 2
     try:
-        samples, funcs, source = collect(args)
+        samples, funcs, source, extras = collect_inputs(args)
     except GateInputError as exc:
         print(f"grpo-monitor: {exc}", file=sys.stderr)
         return 2
     if not 50 <= len(samples) <= 100:
         print(f"grpo-monitor: note: {len(samples)} samples; the recipe reads 50-100", file=sys.stderr)
     scores, errors = score_samples(samples, funcs)
+    cap = getattr(args, "max_completion_length", None)
+    if not cap and (extras["budget"] or 0) > TRL_DEFAULT_MAX_COMPLETION_LENGTH:
+        cap = TRL_DEFAULT_MAX_COMPLETION_LENGTH  # the cap training gets unless told otherwise
+    checks = preflight_checks(samples, scores, errors, funcs, extras["tokenizer"], cap, extras["budget"])
+    warned = any(c["severity"] == "warning" for c in checks)
     references: dict[str, dict[str, Any]] = {}
     n_differ = 0
     if getattr(args, "reference", None):
@@ -837,7 +1081,8 @@ def run_inspect_cli(args: argparse.Namespace, open_screen: OpenScreen | None = N
                                     "disagrees": [n for n, r in references.items() if scores_differ(scores[n][i], r["scores"][i])],
                                     "original_index": s.get("original_index", i)} if references else {})}
                                for i, s in enumerate(samples)],
-                   "summary": score_summary(scores), "errors": errors, "gate_passed": False, "notice": AUTO_NOTICE}
+                   "summary": score_summary(scores), "errors": errors, "checks": checks, "gate_passed": False,
+                   "notice": AUTO_NOTICE}
             if references:
                 doc["references"] = GateSession(samples, scores, references=references).reference_summary()
             print(json.dumps(doc, indent=2, default=str, allow_nan=True))
@@ -847,13 +1092,17 @@ def run_inspect_cli(args: argparse.Namespace, open_screen: OpenScreen | None = N
                 print()
             shown = {**scores, **{f"{n}~{r['reference']}": r["scores"] for n, r in references.items()}}
             print(auto_report(samples, shown, errors))
-        return 1 if errors or n_differ else 0
+            print(checks_report(checks))
+        return 1 if errors or n_differ or warned else 0
     if open_screen is None:
         print("grpo-monitor: the interactive gate needs its screen (run `grpo-monitor inspect-rewards`), or use --auto",
               file=sys.stderr)
         return 2
     session = GateSession(samples, scores, errors, threshold=args.threshold, min_judged=args.min_judged,
-                          references=references)
+                          references=references, checks=checks)
+    for c in checks:
+        if c["severity"] == "warning":
+            print(f"grpo-monitor: warning: {c['message']}", file=sys.stderr)
     saved = open_screen(session, args.run_dir, funcs, source)
     if saved is None:
         print("grpo-monitor: quit without saving; the reward gate is not passed", file=sys.stderr)

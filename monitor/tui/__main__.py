@@ -9,10 +9,16 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_monitor.monitor.tui", description="Live dashboard of a GRPO run.")
     parser.add_argument("path", help="run directory (followed live), run.jsonl, or any log analyze reads")
+    parser.add_argument("--wait", action="store_true", help="wait for a run that has not started yet")
     args = parser.parse_args(argv)
+    from grpo_monitor.monitor.sources import SourceError
     from grpo_monitor.monitor.tui import run_watch
 
-    run_watch(args.path)
+    try:
+        run_watch(args.path, wait=args.wait)
+    except SourceError as exc:
+        print(f"grpo-monitor: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

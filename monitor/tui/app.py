@@ -23,6 +23,7 @@ from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from grpo_monitor.monitor.runlog import RUN_FILE
+from grpo_monitor.monitor.tui import is_starting_run
 from grpo_monitor.monitor.tui.messages import RecordsArrived, SourceFailed
 from grpo_monitor.monitor.tui.model import RunModel
 from grpo_monitor.monitor.tui.tail import RunTailer
@@ -30,6 +31,7 @@ from grpo_monitor.monitor.tui.widgets.board import DetectorPanel
 from grpo_monitor.monitor.tui.widgets.header import RunHeader
 from grpo_monitor.monitor.tui.widgets.help import HelpScreen
 from grpo_monitor.monitor.tui.widgets.moe import MoePanel
+from grpo_monitor.monitor.tui.widgets.notes import NotesPanel
 from grpo_monitor.monitor.tui.widgets.overview import OverviewPanel
 from grpo_monitor.monitor.tui.widgets.recommendations import RecommendationPanel
 from grpo_monitor.monitor.tui.widgets.samples import SamplesPanel
@@ -63,7 +65,7 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
             "config": dict(ctx.config),
             "model": dict(ctx.model),
             "reward_funcs": list(ctx.reward_names),
-            "segment": 1,
+            "segment": 0,  # recorded as the callback records it (0 for the first); shown from 1
             "source_format": src.format,
         }
     ]
@@ -100,13 +102,14 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def _is_run_path(p: Path) -> bool:
-    """Tail ``p`` as a run directory: it is one, or it does not exist yet (a run about to start)."""
+def is_run_path(p: Path) -> bool:
+    """Tail ``p`` as a run directory: it is one, or it is a run about to start (it does not exist
+    yet, or holds nothing but what a run writes before its first record)."""
     if p.name == RUN_FILE:
         return True
     if not p.exists():
         return True
-    return p.is_dir() and (p / RUN_FILE).is_file()
+    return p.is_dir() and ((p / RUN_FILE).is_file() or is_starting_run(p))
 
 
 class DashboardScreen(Screen[None]):
@@ -124,6 +127,7 @@ class DashboardScreen(Screen[None]):
                 yield OverviewPanel(id="overview-panel")
             with TabPane("2 Detectors", id="detectors"):
                 yield DetectorPanel(id="detectors-panel")
+                yield NotesPanel(id="notes-panel")
             with TabPane("3 Recommendations", id="recommendations"):
                 yield RecommendationPanel(id="recommendations-panel")
             with TabPane("4 Samples", id="samples"):
@@ -179,6 +183,8 @@ class DashboardScreen(Screen[None]):
         if panel is None:
             return
         panel.show(self.model)
+        if tab == "detectors":
+            self.query_one(NotesPanel).show(self.model)
 
     def apply(self, changed: set[str], status: str, role: str) -> None:
         """Fold a batch's changes into the panels; panels not on screen are redrawn when shown."""
@@ -236,10 +242,17 @@ class WatchApp(App[None]):
         Binding("t", "toggle_theme", "Theme"),
     ]
 
-    def __init__(self, path: str | Path, poll_interval: float = POLL_INTERVAL) -> None:
+    def __init__(
+        self, path: str | Path, poll_interval: float = POLL_INTERVAL, wait: bool = False,
+        records: list[dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__()
+        self._replayed = records  # a foreign log already read by ``replay_source``
         self.path = Path(path)
         self.poll_interval = poll_interval
+        # Without ``wait`` a log that cannot be read closes the app (``run_watch`` then reports
+        # ``error`` in one line); with it the error is shown and a folder is still watched.
+        self.wait = wait
         self.model = RunModel()
         self.status = "starting"
         self.status_role = "muted"
@@ -262,7 +275,10 @@ class WatchApp(App[None]):
     def _follow(self) -> None:
         worker = get_current_worker()
         wait = threading.Event()
-        if not _is_run_path(self.path):
+        if self._replayed is not None:
+            self.post_message(RecordsArrived(self._replayed, caught_up=True))
+            return
+        if not is_run_path(self.path):
             try:
                 records = replay_source(self.path)
             except Exception as exc:  # SourceError, or a reader that is not there
@@ -312,6 +328,9 @@ class WatchApp(App[None]):
 
     def on_source_failed(self, message: SourceFailed) -> None:
         self.error = message.error
+        if not self.wait:
+            self.exit(return_code=2)
+            return
         self.status, self.status_role = f"cannot read: {message.error}", "critical"
         self._dashboard().apply(set(), self.status, self.status_role)
         self.notify(message.error, title="cannot read this log", severity="error", timeout=10)

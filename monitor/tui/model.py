@@ -149,8 +149,23 @@ class RunModel:
 
     @property
     def segment(self) -> int:
+        """The segment shown, counted from 1 for the run as first launched.
+
+        Headers record ``segment`` from 0 (the lineage root; ``segment-<n>/`` is segment n), as the
+        callback and ``grpo-monitor supervise`` number them; the screen counts from 1 like
+        ``analyze`` does. A header without the field is a segment when it names a parent run
+        (a resumed run's second header names none).
+
+        >>> m = RunModel()
+        >>> m.segment, m.ingest([{"type": "header", "segment": 0}]) and m.segment
+        (1, 1)
+        >>> _ = m.ingest([{"type": "header", "segment": 2, "parent_run": "r"}]); m.segment
+        3
+        """
         seg = self.header.get("segment")
-        return int(seg) if isinstance(seg, int) else max(1, len(self.headers))
+        if isinstance(seg, int) and not isinstance(seg, bool) and seg >= 0:
+            return seg + 1
+        return 1 + sum(1 for h in self.headers[1:] if h.get("parent_run"))
 
     @property
     def is_moe(self) -> bool:

@@ -75,7 +75,8 @@ RECOMMENDATION = {
 }
 
 
-def header(moe: bool = True, run_id: str = "demo-run", segment: int = 1, **extra: Any) -> dict[str, Any]:
+def header(moe: bool = True, run_id: str = "demo-run", segment: int = 0, **extra: Any) -> dict[str, Any]:
+    """A header record's fields; ``segment`` counts from 0 as the callback records it."""
     model = (
         {"class": "Qwen3MoeForCausalLM", "num_parameters": 1_234_567, "is_moe": True, "num_experts": 8,
          "top_k": 2, "num_layers": 2, "moe_layers": [0, 1]}

@@ -230,6 +230,7 @@ class LineChart(Widget):
         series: Callable[[RunModel], Sequence[SeriesSpec]] | Sequence[SeriesSpec],
         *,
         refs: Callable[[RunModel], Sequence[tuple[str, float]]] | None = None,
+        absent: Callable[[RunModel], str | None] | None = None,
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
@@ -237,6 +238,7 @@ class LineChart(Widget):
         self.title = title
         self._series = series
         self._refs = refs
+        self._absent = absent  # why none of the series is logged, when the run's config says
         self.model: RunModel | None = None
         self._buckets: dict[str, Buckets] = {}
         self._gen = -1
@@ -254,6 +256,17 @@ class LineChart(Widget):
             return []
         s = self._series(self.model) if callable(self._series) else self._series
         return list(s)
+
+    def empty_message(self) -> str:
+        """What the chart says while none of its series has a value."""
+        model = self.model
+        if model is not None and self._absent is not None:
+            why = self._absent(model)
+            if why:
+                return why
+        if model is not None and model.store.n and (model.finished or model.source_format is not None):
+            return "not logged in this run"  # nothing more will come
+        return "waiting for data…"
 
     def notify_style_update(self) -> None:
         self._cache = _Cache()  # theme change: component colours are part of what we drew
@@ -282,6 +295,7 @@ class LineChart(Widget):
             len(model.findings) if model else 0,
             len(store.names) if store else 0,
             len(model.headers) if model else 0,
+            model.finished if model else False,
         )
         if key != self._cache.key:
             self._cache = _Cache(key, self._build(width, height))
@@ -334,7 +348,7 @@ class LineChart(Widget):
         plot_h = height - 2
         blank = Strip.blank(width, base)
         if not present or store is None or store.n == 0 or plot_h < 1:
-            msg = Text("waiting for data…" if not present else "", style=st["axis"])
+            msg = Text(self.empty_message() if not present else "", style=st["axis"])
             mid = Strip(msg.render(self.app.console), msg.cell_len)
             body = [blank] * max(0, height - 1)
             if body:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import Any
 
 from rich.text import Text
 from textual.widgets import Static
 
+from grpo_monitor.detectors.stall import stall_status
 from grpo_monitor.monitor.tui.model import RunModel
 from grpo_monitor.monitor.tui.text import visible
 from grpo_monitor.monitor.tui.widgets.common import role_style
@@ -27,6 +30,40 @@ class RunHeader(Static):
         super().__init__("", markup=False, **kwargs)
         self._last: Text | None = None
         self._lines = -1
+        self._step_times: deque[tuple[int, float]] = deque(maxlen=64)
+        self._shown: tuple[RunModel, str, str] | None = None
+
+    # A stalled run sends nothing: the header looks again on its own.
+    STALL_CHECK_S = 5.0
+
+    def on_mount(self) -> None:
+        self.set_interval(self.STALL_CHECK_S, self._recheck)
+
+    def _recheck(self) -> None:
+        if self._shown is not None:
+            self.show(*self._shown)
+
+    def _stall(self, model: RunModel) -> str | None:
+        """"stalled: no step for ..." while a live run's newest step is older than k times its median interval."""
+        rec = model.last_step
+        if not rec or model.finished or model.source_format is not None:
+            return None
+        store = model.store
+        if store.has("system/wall_time"):  # the whole history's clock, there from the first read
+            lo = max(0, store.n - 64)
+            walls, steps = store.column("system/wall_time")[lo:], store.steps[lo:]
+            pairs = [(int(a), float(b)) for a, b in zip(steps, walls) if b == b]
+            status = stall_status(pairs, time.time())
+            return status.text() if status is not None else None
+        step, t = rec.get("step"), rec.get("time")
+        times = self._step_times
+        if type(step) is int and isinstance(t, (int, float)) and not isinstance(t, bool):
+            if times and step < times[-1][0]:
+                times.clear()  # a new segment counts from its own steps
+            if not times or step > times[-1][0]:
+                times.append((step, float(t)))
+        status = stall_status(times, time.time())
+        return status.text() if status is not None else None
 
     def _judgement(self, model: RunModel) -> tuple[str, str] | None:
         """A warning when no failure detector can judge what the run logs (as ``analyze`` reports
@@ -50,6 +87,7 @@ class RunHeader(Static):
         return judged
 
     def show(self, model: RunModel, status: str, status_role: str) -> None:
+        self._shown = (model, status, status_role)
         app = self.app
         t = Text(no_wrap=False)
         t.append("● ", role_style(app, status_role))
@@ -71,6 +109,9 @@ class RunHeader(Static):
         judged = self._judgement(model)
         if judged is not None:
             t.append(f"  {judged[0]}", role_style(app, judged[1]))
+        stalled = self._stall(model)
+        if stalled is not None:
+            t.append(f"  {stalled}", role_style(app, "warning"))
         t.append("\n")
         cfg = model.config
         items = [

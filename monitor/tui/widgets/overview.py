@@ -70,6 +70,17 @@ def _is_band(model: RunModel) -> list[tuple[str, float]]:
     return [("band low", 0.5), ("band high", 2.0)] if "sampling/importance_sampling_ratio/mean" in model.store.names else []
 
 
+def _kl_absent(model: RunModel) -> str | None:
+    # TRL computes and logs KL only with a KL penalty: beta=0 (its default) means no kl, ever.
+    beta = model.config.get("beta")
+    if isinstance(beta, (int, float)) and not isinstance(beta, bool) and beta == 0:
+        return "not logged (beta=0)"
+    return None
+
+
+# Why a chart stays empty, where the run's configuration says so.
+ABSENT = {"chart-kl": _kl_absent}
+
 CHARTS = [
     ("chart-entropy", "entropy", [SeriesSpec("entropy", "entropy")], None),
     ("chart-length", "completion length", _length, _length_cap),
@@ -119,7 +130,7 @@ class OverviewPanel(VerticalScroll):
     def compose(self) -> ComposeResult:
         with Grid(id="overview-grid"):
             for cid, title, series, refs in CHARTS:
-                yield LineChart(title, series, refs=refs, id=cid, classes="overview-chart")
+                yield LineChart(title, series, refs=refs, absent=ABSENT.get(cid), id=cid, classes="overview-chart")
             yield FindingsSummary(id="findings-summary")
 
     def bind(self, model: RunModel) -> None:

@@ -10,6 +10,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Label, TextArea
 
+from grpo_monitor.monitor.recommend import ADVICE, IN_CONFIG, RECOMMENDED, TRIED, title
 from grpo_monitor.monitor.tui.model import RunModel
 from grpo_monitor.monitor.tui.text import one_line, visible
 from grpo_monitor.monitor.tui.widgets.common import pyrepr, role_style, short
@@ -18,7 +19,9 @@ _UNSET = object()
 
 
 def recommendation_text(rec: dict[str, Any], config: dict[str, Any]) -> str:
-    """The recommendation as plain text: Python call, CLI flags, the diff against the run, reasons.
+    """The recommendation as plain text: Python call, CLI flags, the diff against the run, advice
+    that is not a config field, reasons. Advice from a warning, a change tried earlier in the
+    lineage and settings the run already has say so in the first line.
 
     >>> print(recommendation_text({"step": 40, "variant": "dr_grpo", "detector": "length_reward_coupling",
     ...     "config_overrides": {"loss_type": "dr_grpo"}, "python": "GRPOConfig(..., loss_type='dr_grpo')",
@@ -37,29 +40,54 @@ def recommendation_text(rec: dict[str, Any], config: dict[str, Any]) -> str:
     <BLANKLINE>
     # Why
     - length tracks reward
+    >>> print(recommendation_text({"step": 3, "variant": "code_change", "detector": "reward_broken",
+    ...     "status": "advice", "severity": "critical", "config_overrides": {}, "python": "", "cli_flags": "",
+    ...     "extra": {"advice": "return a float for every completion"}}, {}))
+    # advice: change the code (from a critical finding; advice only, never triggers a restart), at step 3 (reward_broken)
+    <BLANKLINE>
+    # Also
+    - advice: return a float for every completion
     """
-    lines = [
-        f"# {visible(rec.get('variant') or 'change')}, recommended at step {short(rec.get('step'))}"
-        + (f" ({visible(rec.get('detector'))})" if rec.get("detector") else ""),
-        "",
-        "# Python",
-        visible(rec.get("python") or ""),
-        "",
-        "# CLI flags",
-        visible(rec.get("cli_flags") or ""),
-    ]
+    status = rec.get("status") or RECOMMENDED
+    where = f"at step {short(rec.get('step'))}" + (f" ({visible(rec.get('detector'))})" if rec.get("detector") else "")
+    if status == RECOMMENDED:
+        lines = [f"# {visible(rec.get('variant') or 'change')}, recommended {where}"]
+    else:
+        lines = [f"# {visible(title(rec))}, {where}"]
+    if rec.get("python"):
+        lines += ["", "# Python", visible(rec.get("python") or "")]
+    if rec.get("cli_flags"):
+        lines += ["", "# CLI flags", visible(rec.get("cli_flags") or "")]
     overrides = rec.get("config_overrides")
+    settings = rec.get("settings")
     if isinstance(overrides, dict) and overrides:
         lines += ["", "# Change against this run's config"]
+        # The record's own "current" values: a lineage's earlier segment ran with other settings than the latest.
+        recorded = rec.get("current") if isinstance(rec.get("current"), dict) else None
         for k, v in overrides.items():
-            cur = config.get(k, _UNSET)
+            cur = recorded.get(k, _UNSET) if recorded is not None else config.get(k, _UNSET)
             if cur is not _UNSET:
                 lines.append(visible(f"- {k}={pyrepr(cur)}"))
             lines.append(visible(f"+ {k}={pyrepr(v)}"))
+    elif isinstance(settings, dict) and settings:
+        lines += ["", "# Already in this run's config"] + [visible(f"  {k}={pyrepr(v)}") for k, v in settings.items()]
+    extra = rec.get("extra")
+    if isinstance(extra, dict) and extra:
+        lines += ["", "# Also"] + [visible(f"- {k}: {v}") for k, v in extra.items()]
     reasons = rec.get("reasons")
     if reasons:
         lines += ["", "# Why"] + [visible(f"- {r}") for r in reasons]
     return "\n".join(lines)
+
+
+def variant_cell(rec: dict[str, Any]) -> str:
+    """The table's variant column: the name, and what the record is when it is not a switch to make."""
+    name = visible(rec.get("variant") or "—")
+    status = rec.get("status") or RECOMMENDED
+    return name if status == RECOMMENDED else f"{name} ({STATUS_WORDS.get(status, status)})"
+
+
+STATUS_WORDS = {ADVICE: "advice, no restart", TRIED: "tried", IN_CONFIG: "in config"}
 
 
 class RecommendationPanel(Vertical):
@@ -91,7 +119,7 @@ class RecommendationPanel(Vertical):
         for i, r in enumerate(model.recommendations):
             table.add_row(
                 Text(short(r.get("step"))),
-                Text(visible(r.get("variant") or "—"), style=role_style(self.app, "accent")),
+                Text(variant_cell(r), style=role_style(self.app, "accent")),
                 Text(visible(r.get("detector") or "—")),
                 one_line(r.get("cli_flags"), 80),
                 key=str(i),
@@ -101,7 +129,8 @@ class RecommendationPanel(Vertical):
             self._select(table.cursor_row)
         else:
             self.query_one("#rec-text", TextArea).load_text(
-                "No recommendation yet. The monitor recommends a GRPO variant only on a confirmed symptom."
+                "No recommendation yet: no finding has named a variant, a remedy or a fix. A confirmed (critical) "
+                "finding recommends a switch; a warning's variant shows here as advice."
             )
 
     def _select(self, index: int) -> None:

@@ -3,7 +3,8 @@
 Samples are read a step at a time (``RunModel.samples_of``): the newest steps until there are
 enough rows to show, or the steps a filter names; a text, correctness or truncation filter looks
 back through at most ``SCAN_SAMPLES`` samples. Completions kept as numbers only (the retention
-policy) show their numbers, without text.
+policy) show their numbers, without text. ``Enter`` on a row opens ``SampleScreen``: the sample
+in full, scrollable, ``Esc`` closes it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Label, Static
 
 from grpo_monitor.monitor.tui.model import RunModel
@@ -257,44 +259,19 @@ class SamplesPanel(Vertical):
     def _detail(self, index: int) -> None:
         if self._model is None or not 0 <= index < len(self._loaded):
             return
-        s = self._loaded[index]
-        app = self.app
-        head = role_style(app, "primary", bold=True)
-        muted = role_style(app, "muted")
-        t = Text()
-        c = s.get("correct")
-        t.append(f"step {short(s.get('step'))} · sample {short(s.get('index'))} · group {short(s.get('group'))}"
-                 f" · rank {short(s.get('rank'))} · {short(s.get('length'))} tokens"
-                 f"{' · truncated' if s.get('truncated') else ''} · correct: "
-                 f"{'yes' if c is True else 'no' if c is False else 'unknown'}\n", muted)
-        rewards = s.get("rewards") if isinstance(s.get("rewards"), dict) else {}
-        if rewards:
-            t.append("rewards: ", muted)
-            t.append(visible(", ".join(f"{k}={fmt(v) if v is not None else '—'}" for k, v in rewards.items())) + "\n")
-        t.append("\nPROMPT\n", head)
-        t.append_text(literal(s.get("prompt")))
-        if "completion" in s:
-            t.append("\n\nCOMPLETION", head)
-            chars = s.get("chars")
-            if isinstance(chars, int) and isinstance(s.get("completion"), str) and chars > len(s["completion"]):
-                t.append(f"  (head and tail of {chars} characters)", muted)
-            t.append("\n", head)
-            t.append_text(literal(s.get("completion")))
-        else:
-            t.append("\n\nCOMPLETION\n", head)
-            t.append("text not kept for this completion (sample_text policy); its numbers: ", muted)
-            t.append(f"tail repetition {fmt(s.get('tail_rep')) if s.get('tail_rep') is not None else '—'}, "
-                     f"{short(s.get('chars'))} characters")
-        self.query_one("#sample-detail", Static).update(t)
+        self.query_one("#sample-detail", Static).update(sample_text(self.app, self._loaded[index]))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.row_key.value is not None:
             self._detail(int(event.row_key.value))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.row_key.value is not None:
-            self._detail(int(event.row_key.value))
-            self.query_one("#sample-detail-scroll").scroll_home(animate=False)
+        if event.row_key.value is None:
+            return
+        index = int(event.row_key.value)
+        self._detail(index)
+        if 0 <= index < len(self._loaded):
+            self.app.push_screen(SampleScreen(self._loaded[index]))
 
     def on_resize(self) -> None:
         if self._model is not None:
@@ -314,3 +291,84 @@ def _short_name(reward: str) -> str:
         if reward.endswith(suffix) and len(reward) > len(suffix):
             return reward[: -len(suffix)]
     return reward
+
+
+def sample_text(app: Any, s: dict[str, Any], full: bool = False) -> Text:
+    """One sample as text: its numbers, then prompt and completion verbatim.
+
+    ``full`` (the sample screen) gives each number a line of its own and every reward component,
+    so nothing is cut to the width of a summary line.
+    """
+    head = role_style(app, "primary", bold=True)
+    muted = role_style(app, "muted")
+    t = Text()
+    c = s.get("correct")
+    correct = "yes" if c is True else "no" if c is False else "unknown"
+    rewards = s.get("rewards") if isinstance(s.get("rewards"), dict) else {}
+    if full:
+        rows = [
+            ("step", short(s.get("step"))), ("sample", short(s.get("index"))), ("group", short(s.get("group"))),
+            ("rank", short(s.get("rank"))), ("length", f"{short(s.get('length'))} tokens"),
+            ("truncated", "yes" if s.get("truncated") else "no"), ("correct", correct),
+        ]
+        for name, value in rows:
+            t.append(f"{name:<10}", muted)
+            t.append(visible(value) + "\n")
+        t.append("rewards\n", muted)
+        pad = max((len(visible(k)) for k in rewards), default=0)
+        for k, v in rewards.items():
+            t.append(f"  {visible(k):<{pad}}", muted)
+            t.append(f"  {fmt(v) if v is not None else '—'}\n")
+        if not rewards:
+            t.append("  none recorded\n", muted)
+    else:
+        t.append(f"step {short(s.get('step'))} · sample {short(s.get('index'))} · group {short(s.get('group'))}"
+                 f" · rank {short(s.get('rank'))} · {short(s.get('length'))} tokens"
+                 f"{' · truncated' if s.get('truncated') else ''} · correct: {correct}\n", muted)
+        if rewards:
+            t.append("rewards: ", muted)
+            t.append(visible(", ".join(f"{k}={fmt(v) if v is not None else '—'}" for k, v in rewards.items())) + "\n")
+    t.append("\nPROMPT\n", head)
+    t.append_text(literal(s.get("prompt")))
+    if "completion" in s:
+        t.append("\n\nCOMPLETION", head)
+        chars = s.get("chars")
+        if isinstance(chars, int) and isinstance(s.get("completion"), str) and chars > len(s["completion"]):
+            t.append(f"  (head and tail of {chars} characters)", muted)
+        t.append("\n", head)
+        t.append_text(literal(s.get("completion")))
+    else:
+        t.append("\n\nCOMPLETION\n", head)
+        t.append("text not kept for this completion (sample_text policy); its numbers: ", muted)
+        t.append(f"tail repetition {fmt(s.get('tail_rep')) if s.get('tail_rep') is not None else '—'}, "
+                 f"{short(s.get('chars'))} characters")
+    return t
+
+
+class SampleScreen(ModalScreen[None]):
+    """One sample in full over the dashboard: its numbers, prompt and completion, scrollable.
+
+    ``Esc`` closes it. Model output is shown literally, as in the table.
+
+    >>> screen = SampleScreen({"step": 3, "index": 0, "prompt": "2+2?", "completion": "4", "correct": True})
+    >>> screen.sample["completion"]
+    '4'
+    """
+
+    BINDINGS = [Binding("escape", "dismiss", "Close")]
+
+    def __init__(self, sample: dict[str, Any]) -> None:
+        super().__init__()
+        self.sample = sample
+
+    def compose(self) -> ComposeResult:
+        s = self.sample
+        title = (f"step {short(s.get('step'))} · sample {short(s.get('index'))}"
+                 "   ↑ ↓ PgUp PgDn scroll · Esc closes")
+        with Vertical(id="sample-box"):
+            yield Label(title, id="sample-screen-title", markup=False)
+            with VerticalScroll(id="sample-full-scroll"):
+                yield Static(sample_text(self.app, s, full=True), id="sample-full", markup=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#sample-full-scroll", VerticalScroll).focus()

@@ -1,0 +1,211 @@
+"""Memory pressure: peak memory climbing toward the device's capacity as completions grow.
+
+Out-of-memory crashes in GRPO come a few steps in or late, when completions reach lengths the run
+had not generated before: the logits alone are batch x length x vocabulary. The callback records
+the peak per logging window (``system/gpu_peak_reserved_gib``, or what the whole device holds,
+``system/gpu_device_used_gib``) and the capacity (``system/gpu_total_gib``); on the host, the
+process's peak resident memory against the machine's. Memory that is high but flat (an engine that
+reserves most of the device up front) is not pressure, and neither is memory that grows with
+lengths while it stays well below the capacity. Pressure is a peak above ``high`` of the capacity
+that has risen from the run's early level together with the longest completion, or a peak whose
+trend against that length, carried to the length cap, passes the capacity while lengths still grow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.signals import get
+from grpo_monitor.detectors.stats import Window, fin, median, theil_sen
+
+# (peak, capacity) pairs, best first: the device's own allocator, the whole device, the host.
+SOURCES: tuple[tuple[str, str, str], ...] = (
+    ("system/gpu_peak_reserved_gib", "system/gpu_total_gib", "gpu"),
+    ("system/gpu_device_used_gib", "system/gpu_total_gib", "gpu"),
+    ("system/gpu_peak_allocated_gib", "system/gpu_total_gib", "gpu"),
+    ("system/rss_peak_gib", "system/ram_total_gib", "host"),
+)
+MAX_LEN = "completions/max_length"
+REMEDY = "reduce_activation_memory"
+
+
+def memory_overrides(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Settings that cut activation memory without changing what is learned: half the per-device
+    batch with twice the accumulation (the same effective batch), and gradient checkpointing.
+
+    >>> memory_overrides({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2})
+    {'per_device_train_batch_size': 4, 'gradient_accumulation_steps': 4, 'gradient_checkpointing': True}
+    >>> memory_overrides({"per_device_train_batch_size": 1, "gradient_checkpointing": True})
+    {}
+    """
+    cfg = config or {}
+    out: dict[str, Any] = {}
+    bs, ga = cfg.get("per_device_train_batch_size"), cfg.get("gradient_accumulation_steps", 1)
+    if type(bs) is int and bs >= 2 and bs % 2 == 0 and type(ga) is int and ga >= 1:
+        out["per_device_train_batch_size"] = bs // 2
+        out["gradient_accumulation_steps"] = ga * 2
+    if cfg.get("gradient_checkpointing") is not True:
+        out["gradient_checkpointing"] = True
+    return out
+
+
+class MemoryPressure(EpisodeDetector):
+    """Peak memory near the capacity and rising with completion length.
+
+    Parameters: ``high`` (peak over capacity that counts as near it), ``critical`` (and as critical),
+    ``min_rise`` (the share of the capacity the peak must have gained over its early level),
+    ``baseline_points`` (points whose median is the early level), ``window`` (points kept for the
+    trend against length).
+
+    >>> det = MemoryPressure()
+    >>> found = []
+    >>> for step in range(1, 61):
+    ...     length = 200.0 + 30.0 * step
+    ...     peak = 40.0 + 0.02 * length
+    ...     found += det.update(step, {"system/gpu_peak_reserved_gib": peak, "system/gpu_total_gib": 80.0,
+    ...                                "completions/max_length": length})
+    >>> [(f.severity, f.step, f.evidence["remedy"]) for f in found]
+    [('warning', 48, 'reduce_activation_memory'), ('critical', 57, 'reduce_activation_memory')]
+    """
+
+    id = "memory_pressure"
+    variant = None
+    role = "guard"  # a resource check, not a judgement of learning
+    requires = (("system/gpu_total_gib|system/ram_total_gib",),)
+
+    def __init__(self, high: float = 0.9, critical: float = 0.97, min_rise: float = 0.05, baseline_points: int = 5,
+                 window: int = 32) -> None:
+        self.high = check_float("high", high, 0.0, 1.0, low_open=True)
+        self.critical = check_float("critical", critical, 0.0, 1.5, low_open=True)
+        self.min_rise = check_float("min_rise", min_rise, 0.0, 1.0)
+        self.baseline_points = check_int("baseline_points", baseline_points, 2)
+        self.window = check_int("window", window, 8)
+        super().__init__()
+
+    def _reset_state(self) -> None:
+        self.source: tuple[str, str, str] | None = None
+        self.first: list[float] = []
+        self.first_len: list[float] = []
+        self.base: float | None = None
+        self.base_len: float | None = None
+        self.fracs = Window(self.window)
+        self.lens = Window(self.window)
+        self.above_since: int | None = None
+        cap = (self.context.config or {}).get("max_completion_length")
+        self.cap = float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
+
+    def _read(self, metrics: Metrics) -> tuple[float, float] | None:
+        if "system/gpu_total_gib" not in metrics and "system/ram_total_gib" not in metrics:
+            return None
+        if self.source is not None:
+            peak, total = get(metrics, self.source[0]), get(metrics, self.source[1])
+            return (peak, total) if peak is not None and total is not None and total > 0 else None
+        for src in SOURCES:
+            peak, total = get(metrics, src[0]), get(metrics, src[1])
+            if peak is not None and total is not None and total > 0:
+                self.source = src  # one series for the whole run: a switch would look like a jump
+                return peak, total
+        return None
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        got = self._read(metrics)
+        if got is None:
+            return None
+        peak, total = got
+        frac = peak / total
+        length = get(metrics, MAX_LEN)
+        self.fracs.push(step, frac)
+        if length is not None:
+            self.lens.push(step, length)
+        if self.base is None:
+            self.first.append(frac)
+            if length is not None:
+                self.first_len.append(length)
+            if len(self.first) >= self.baseline_points:
+                self.base = median(self.first)
+                self.base_len = median(self.first_len) if self.first_len else None
+                self.first, self.first_len = [], []
+            return Assessment(warming_up=True, evidence={"peak_frac": fin(frac), "points": len(self.first)})
+        k = self.clock.points(3, 2)
+        recent = self.fracs.recent_median(k) or frac
+        if recent < min(0.75, self.high) and not self.in_episode:
+            # Far from the capacity: nothing to project (the trend fit is left for when it matters).
+            self.above_since = None
+            return Assessment(level=0, evidence={"peak_frac": fin(frac), "recent_peak_frac": fin(recent),
+                                                 "early_peak_frac": fin(self.base)})
+        recent_len = self.lens.recent_median(k)
+        assert self.source is not None
+        ev: dict[str, Any] = {
+            "device": self.source[2],
+            "peak_metric": self.source[0],
+            "peak_gib": fin(peak),
+            "capacity_gib": fin(total),
+            "peak_frac": fin(frac),
+            "recent_peak_frac": fin(recent),
+            "early_peak_frac": fin(self.base),
+            "max_length": fin(length),
+            "early_max_length": fin(self.base_len),
+            "high": self.high,
+        }
+        rose = recent >= self.base + self.min_rise
+        longer = recent_len is not None and self.base_len is not None and recent_len > self.base_len * 1.05
+        ev["rose_with_length"] = bool(rose and longer)
+        projected = self._projected(total)
+        if projected is not None:
+            ev["projected_peak_frac_at_cap"] = fin(projected)
+            ev["length_cap"] = fin(self.cap)
+        near = recent >= self.high and rose and longer
+        heading = (projected is not None and projected >= 1.0 and recent >= 0.75 and rose and longer
+                   and self._lengths_rising())
+        if near or heading:
+            if self.above_since is None:
+                self.above_since = step
+        else:
+            self.above_since = None
+        level = 0
+        if near or heading:
+            level = 2 if recent >= self.critical else 1
+            if memory_overrides(self.context.config):
+                ev["remedy"] = REMEDY
+            ev["advice"] = ("Peak memory is near the device's capacity and grows with completion length: halve "
+                            "per_device_train_batch_size (doubling gradient_accumulation_steps keeps the batch), turn on "
+                            "gradient_checkpointing, lower max_completion_length if the task allows, or set "
+                            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation.")
+        return Assessment(level=level, evidence=ev, onset_step=self.above_since if level else None)
+
+    def _lengths_rising(self) -> bool:
+        vals = self.lens.last(8)
+        return len(vals) >= 4 and median(vals[len(vals) // 2:]) > median(vals[: len(vals) // 2])
+
+    def _projected(self, total: float) -> float | None:
+        """Peak over capacity carried along its trend against length to the length cap."""
+        if self.cap is None or len(self.lens) < 6 or len(self.fracs) < 6:
+            return None
+        pairs = {s: v for s, v in zip(self.lens.steps, self.lens.values)}
+        xs, ys = [], []
+        for s, f in zip(self.fracs.steps, self.fracs.values):
+            if s in pairs:
+                xs.append(pairs[s])
+                ys.append(f)
+        if len(xs) < 6 or max(xs) - min(xs) <= 0:
+            return None
+        slope = theil_sen(xs, ys)
+        if not math.isfinite(slope) or slope <= 0:
+            return None
+        return ys[-1] + slope * max(0.0, self.cap - xs[-1])
+
+    def _overrides(self) -> dict[str, Any]:
+        return memory_overrides(self.context.config)
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        lead = "Out of memory is imminent" if severity == "critical" else "Memory pressure"
+        text = (f"{lead}: peak {evidence.get('device')} memory is {evidence.get('recent_peak_frac')} of the "
+                f"{evidence.get('capacity_gib')} GiB capacity (early in the run {evidence.get('early_peak_frac')}) and "
+                f"rose with the longest completion ({evidence.get('early_max_length')} to {evidence.get('max_length')} tokens).")
+        if evidence.get("projected_peak_frac_at_cap") is not None:
+            text += f" At the length cap it would reach {evidence.get('projected_peak_frac_at_cap')} of it."
+        return text + " Lower per_device_train_batch_size or turn on gradient_checkpointing."

@@ -1,0 +1,336 @@
+"""Reward-function bugs that are silent: a component that never varies, or one that ignores the completion.
+
+A reward function with a bug rarely raises. It returns 0 for everything (a regex without DOTALL that
+never matches a multi-line answer, a tag the chat template already wrote into the prompt, a wrong
+dataset key), 1 for everything (a fallback that pays when the gold answer cannot be parsed, a format
+the template satisfies), one value for the whole batch (broadcast to every completion), or one value
+per prompt. The total reward still moves on the other components, so the run looks alive while the
+component the user relies on teaches nothing.
+
+The signature is constancy *from the start*: ``rewards/<f>/std`` exactly 0 at every logged point since
+the component's first one, with the mean pinned at one value while another component or the total
+varies. A component that learned its way to a constant (a format reward saturated at 1.0 after a
+hundred steps) varied first and is never judged here. A component whose std is 0 while its mean changes
+from point to point is given one value per batch. In sample batches, a component that gives every
+completion of a prompt the same score, while the completions differ and another component tells them
+apart, batch after batch from the first one, scores the prompt and not the completion.
+
+Penalties that have not fired yet look like a dead component, so a component at 0 whose name says
+neither format nor correctness is only raised after a long stretch. Logs without ``rewards/<f>/std``
+(older TRL) cannot show that every completion scored alike (signed rewards average to 0) and are not
+judged on metrics. No config flag fixes a broken reward function: the finding's ``advice`` says what
+to check in the code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from grpo_monitor.detectors.base import Metrics, Sample, finite
+from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.signals import duplicate_key, fair_sample, get, groups_of, resolve_correctness
+from grpo_monitor.detectors.stats import fin
+
+_FORMAT = re.compile(r"format|xml|tag|think|strict|soft|struct|schema", re.IGNORECASE)
+_EPS = 1e-9
+
+ADVICE = {
+    "dead_format": ("Run the function on a few completions that follow the format. Common causes: a regex "
+                    "without re.DOTALL (or a ^...$ anchor) that fails on multi-line answers; a tag the chat "
+                    "template already writes into the prompt (the completion never contains it: prepend it "
+                    "before matching); tags that are special tokens (TRL decodes with skip_special_tokens=True)."),
+    "dead_correctness": ("Run the function on a known-correct completion. Common causes: the wrong dataset column "
+                         "or key for the gold answer, an answer parser that reads the whole completion (think block "
+                         "included) or never finds the answer format the model uses."),
+    "dead": ("Check the function can pay at all: run it on completions that should earn it. A penalty that has "
+             "not fired yet looks the same; if so, ignore this."),
+    "free": ("A reward that pays every completion the same carries no signal. Check for a fallback that returns "
+             "a fixed score (e.g. 1.0 when the gold answer cannot be parsed), a format the chat template already "
+             "satisfies, or a function that returns a constant."),
+    "per_batch": ("The function returns one score for the whole batch, which is broadcast to every completion: "
+                  "return one score per completion (a list as long as `completions`)."),
+    "per_prompt": ("The function scores the prompt or the reference answer, not the completion (or returns one "
+                   "score per prompt, repeated): read `completions`, one score per completion."),
+}
+
+
+class _Component:
+    """One reward component followed from its first logged point while its std stays 0."""
+
+    __slots__ = ("changes", "first", "first_step", "last_step", "moved", "points", "prev", "status", "support")
+
+    def __init__(self, value: float, step: int) -> None:
+        self.first = value
+        self.first_step = step
+        self.last_step = step
+        self.points = 0
+        self.support = 0  # points at which another component or the total varied
+        self.moved = False  # the mean changed between points (std still 0): one value per batch
+        self.prev = value
+        self.changes = 0  # points whose mean differs from the point before
+        self.status = "pinned"  # "pinned" | "alive" (its std was > 0 once) | "done" (raised at its top level)
+
+
+class RewardFunctionBug(EpisodeDetector):
+    """A reward component constant from the first step, one value per batch, or one value per prompt.
+
+    Parameters: ``min_points``/``min_steps`` (logged points and training steps a component must stay
+    pinned before it is raised; critical at ``critical_factor`` times the steps), ``other_steps`` (a
+    component at 0 whose name says neither format nor correctness is raised only after this many steps:
+    a penalty that has not fired looks alike), ``min_batches`` (sample batches in a row, from the first,
+    showing one score per prompt), ``max_components`` (components followed at most).
+
+    >>> det = RewardFunctionBug()
+    >>> found = []
+    >>> for step in range(1, 41):
+    ...     found += det.update(step, {"rewards/format_reward/mean": 0.0, "rewards/format_reward/std": 0.0,
+    ...                                "rewards/accuracy/mean": 0.3 + 0.01 * (step % 4), "rewards/accuracy/std": 0.45,
+    ...                                "reward_std": 0.4})
+    >>> [(f.severity, f.step, f.evidence["components"][0]["component"]) for f in found]
+    [('warning', 8, 'format_reward'), ('critical', 24, 'format_reward')]
+    >>> found[0].evidence["components"][0]["kind"], found[0].config_overrides
+    ('dead_format', {})
+    """
+
+    id = "reward_function_bug"
+    variant = None
+    requires = (("rewards/*/std",), ("samples",))
+
+    def __init__(self, min_points: int = 2, min_steps: int = 8, critical_factor: float = 3.0, other_steps: int = 100,
+                 min_batches: int = 3, max_components: int = 32) -> None:
+        self.min_points = check_int("min_points", min_points, 1)
+        self.min_steps = check_int("min_steps", min_steps, 1)
+        self.critical_factor = check_float("critical_factor", critical_factor, 1.0, 1e3)
+        self.other_steps = check_int("other_steps", other_steps, 1)
+        self.min_batches = check_int("min_batches", min_batches, 1)
+        self.max_components = check_int("max_components", max_components, 1)
+        super().__init__()
+
+    def missing_inputs(self, names: Collection[str], has_samples: bool = False) -> str | None:
+        if has_samples or any(isinstance(n, str) and n.startswith("rewards/") and n.endswith("/std") for n in names):
+            return None
+        return "needs rewards/<f>/std (per-function reward std) or per-completion samples"
+
+    def _reset_state(self) -> None:
+        self.components: dict[str, _Component] = {}
+        self._nkeys = -1
+        self._keys: list[tuple[str, str, str]] = []
+        self._pinned = 0  # components still followed (status "pinned")
+        self._unseen = 0  # logged components not yet seen with a finite mean and std
+        # One score per prompt, judged on the first sample batches: consecutive batches per component that
+        # showed it, the value each gave the whole batch last time, and whether the check still runs.
+        self.batch_runs: dict[str, int] = {}
+        self.batch_values: dict[str, set[float]] = {}
+        self.batch_moved: dict[str, bool] = {}
+        self.batches = 0
+        self.sample_check = True
+        self.per_prompt: dict[str, dict[str, Any]] = {}
+        self._correct: str | None = self.context.correctness_reward
+        self._format: str | None = self.context.format_reward
+
+    # -- per step ---------------------------------------------------------------------------------
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        if not self._pinned and not self.in_episode and len(metrics) == self._nkeys and not (samples and self.sample_check):
+            return None  # nothing left to follow: the healthy path from the first steps on
+        if len(metrics) != self._nkeys:
+            self._nkeys = len(metrics)
+            self._scan(metrics)
+        if self._pinned or self._unseen:
+            self._follow(step, metrics)
+        if samples and self.sample_check:
+            self._batch(step, samples)
+        return self._judge(step)
+
+    def _scan(self, metrics: Metrics) -> None:
+        keys = []
+        for k in metrics:
+            if isinstance(k, str) and k.startswith("rewards/") and k.endswith("/std"):
+                name = k[len("rewards/"):-len("/std")]
+                if name and "/" not in name and f"rewards/{name}/mean" in metrics:
+                    keys.append((name, f"rewards/{name}/mean", k))
+        self._keys = keys[: self.max_components]
+        self._unseen = sum(1 for n, _, _ in self._keys if n not in self.components)
+        if self._correct is None:
+            _, self._correct = resolve_correctness(self.context, [m for _, m, _ in self._keys])
+
+    def _follow(self, step: int, metrics: Metrics) -> None:
+        stds: list[tuple[str, float, float]] = []
+        for name, mkey, skey in self._keys:
+            m, s = get(metrics, mkey), get(metrics, skey)
+            if m is not None and s is not None:
+                stds.append((name, m, s))
+        if not stds:
+            return
+        total_std = get(metrics, "reward_std")
+        varying = sum(1 for _, _, s in stds if s > _EPS)
+        comps = self.components
+        for name, m, s in stds:
+            c = comps.get(name)
+            if c is None:
+                if len(comps) >= self.max_components:
+                    continue
+                c = comps[name] = _Component(m, step)
+                self._unseen = max(0, self._unseen - 1)
+                if s > _EPS:
+                    c.status = "alive"
+                else:
+                    self._pinned += 1
+            if c.status != "pinned":
+                continue
+            if s > _EPS:
+                c.status = "alive"
+                self._pinned -= 1
+                continue
+            if abs(m - c.prev) > _EPS * max(1.0, abs(c.prev)):
+                c.changes += 1
+                c.prev = m
+                if self.clock.gap > 1:
+                    # A point averaging several batches: a sparse score (a penalty that fires on a whole small
+                    # batch now and then) averages to any value with std 0. Not constant, not judged.
+                    c.status = "alive"
+                    self._pinned -= 1
+                    continue
+                c.moved = True
+            c.points += 1
+            c.last_step = step
+            if varying or (total_std is not None and total_std > _EPS):
+                c.support += 1
+
+    def _batch(self, step: int, samples: Sequence[Sample]) -> None:
+        rows = fair_sample(samples, 256)
+        groups = groups_of(rows)
+        names: list[str] = []
+        for r in rows:
+            rw = r.get("rewards") if isinstance(r, Mapping) else None
+            if isinstance(rw, Mapping):
+                names = [n for n in rw if isinstance(n, str)]
+                break
+        if len(names) < 2:
+            return
+        self.batches += 1
+        # Per component: groups whose completions differ, how many of those it scored alike, the
+        # distinct scores across groups.
+        differing = 0
+        uniform = dict.fromkeys(names, 0)
+        spread = {n: set() for n in names}
+        present = dict.fromkeys(names, 0)
+        n_rows = 0
+        for rs in groups.values():
+            n_rows += len(rs)
+            keys = set()
+            vals: dict[str, list[float]] = {n: [] for n in names}
+            for r in rs:
+                k = duplicate_key(r)
+                keys.add(k if isinstance(k, (int, str)) else ("length", finite(r.get("length"))))
+                rw = r.get("rewards") if isinstance(r.get("rewards"), Mapping) else {}
+                for n in names:
+                    v = finite(rw.get(n))
+                    if v is not None:
+                        vals[n].append(v)
+                        present[n] += 1
+            if len(rs) < 2 or len(keys) < 2:
+                continue
+            differing += 1
+            for n in names:
+                v = vals[n]
+                if len(v) == len(rs) and max(v) - min(v) <= _EPS:
+                    uniform[n] += 1
+                    spread[n].add(round(v[0], 9))
+        for n in names:
+            one_value = present[n] == 1 and n_rows >= 4
+            others = any(uniform[o] < differing for o in names if o != n)
+            alike = differing >= 2 and uniform[n] == differing and others
+            if (one_value or alike) and self.batch_runs.get(n, 0) == self.batches - 1:
+                self.batch_runs[n] = self.batches
+                seen = self.batch_values.setdefault(n, set())
+                if len(seen) < 3:
+                    seen.update(list(spread[n])[:3])
+                if len(spread[n]) >= 2:
+                    self.batch_moved[n] = True  # scores differ between prompts, never within one
+                # A single score everywhere, the same every batch, is a constant (or a saturated reward):
+                # broadcast only once the scores differ between prompts or batches.
+                if self.batches >= self.min_batches and (one_value or len(seen) >= 2):
+                    kind = "per_prompt" if self.batch_moved.get(n) else "per_batch"
+                    self.per_prompt[n] = {"component": n, "kind": kind, "batches": self.batches,
+                                          "groups_alike": uniform[n], "groups_with_differing_completions": differing,
+                                          "since_step": step if n not in self.per_prompt else self.per_prompt[n]["since_step"]}
+            elif n in self.per_prompt:
+                self.per_prompt.pop(n)
+        if not any(self.batch_runs.get(n, 0) == self.batches for n in names) or self.batches >= 4 * self.min_batches:
+            # From the start or never: a later batch alike is a model that settled, not a bug.
+            self.sample_check = False
+
+    # -- judging ------------------------------------------------------------------------------------
+
+    def _kind(self, name: str, c: _Component) -> str:
+        if c.moved:
+            return "per_batch"
+        if abs(c.first) > _EPS:
+            return "free"
+        if name == self._format or (_FORMAT.search(name) and name != self._correct):
+            return "dead_format"
+        if name == self._correct:
+            return "dead_correctness"
+        return "dead"
+
+    def _judge(self, step: int) -> Assessment:
+        gap = self.clock.gap
+        level = 0
+        onset: int | None = None
+        found: list[dict[str, Any]] = []
+        for name, c in self.components.items():
+            if c.status == "alive" or c.points < self.min_points:
+                continue
+            covered = c.last_step - c.first_step + gap
+            kind = self._kind(name, c)
+            need = self.other_steps if kind == "dead" else self.min_steps
+            if covered < need or 2 * c.support < c.points:
+                continue
+            if kind == "per_batch" and 3 * c.changes < c.points:
+                continue  # a broadcast score changes with nearly every batch
+            lvl = 1
+            if kind != "dead" and covered >= self.critical_factor * self.min_steps and c.points >= self.min_points + 1:
+                lvl = 2
+            found.append({"component": name, "kind": kind, "value": fin(c.first) if not c.moved else None,
+                          "std": 0.0, "points": c.points, "since_step": c.first_step, "steps": covered,
+                          "advice": ADVICE[kind]})
+            level = max(level, lvl)
+            onset = c.first_step if onset is None else min(onset, c.first_step)
+            if lvl == 2 and c.status == "pinned":
+                c.status = "done"  # raised at its top level: no need to follow it further
+                self._pinned -= 1
+        for name, info in self.per_prompt.items():
+            if any(f["component"] == name for f in found):
+                continue
+            lvl = 2 if info["batches"] >= 2 * self.min_batches else 1
+            found.append(dict(info, advice=ADVICE[info["kind"]]))
+            level = max(level, lvl)
+        if not found:
+            return Assessment(level=0, evidence={"pinned_components": self._pinned,
+                                                 "sample_check": "running" if self.sample_check else "done"})
+        found.sort(key=lambda f: (f["kind"] == "dead", f["since_step"] or 0))
+        ev = {"components": found, "advice": found[0]["advice"], "min_points": self.min_points,
+              "min_steps": self.min_steps}
+        return Assessment(level=level, evidence=ev, onset_step=onset)
+
+    def _overrides(self) -> dict[str, Any]:
+        return {}
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        comps = evidence.get("components") or [{}]
+        f = comps[0]
+        name, kind = f.get("component", "a reward component"), f.get("kind")
+        more = f" ({len(comps) - 1} more component(s) in the evidence)" if len(comps) > 1 else ""
+        if kind == "per_prompt":
+            what = (f"Reward component {name} gives every completion of a prompt the same score although the "
+                    f"completions differ, in every sample batch since the first")
+        elif kind == "per_batch":
+            what = (f"Reward component {name} gives one score to a whole batch (its std is 0 at every step while its "
+                    f"value changes) since step {f.get('since_step')}")
+        else:
+            what = (f"Reward component {name} has paid exactly {f.get('value')} to every completion since step "
+                    f"{f.get('since_step')} (std 0 over {f.get('points')} logged points) while the other rewards vary")
+        return f"{what}{more}: the function is likely broken and teaches nothing. {f.get('advice', '')}"
