@@ -137,6 +137,17 @@ class AdvantageMaskBug(EpisodeDetector):
         return bad
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        # The common case, as ``_equal_lengths`` decides it, inlined: plain float lengths that differ,
+        # no advantages logged, no episode open.
+        lo = metrics.get(LO)
+        hi = metrics.get(HI)
+        if lo.__class__ is float and hi.__class__ is float and ADV_MAX not in metrics and not self.in_episode:
+            a = hi if hi >= 0.0 else -hi
+            if hi - lo > 1e-6 * (a if a > 1.0 else 1.0):
+                if self.equal_run:
+                    self.equal_run = 0
+                    self.equal_since = None
+                return self._healthy
         eq = self._equal_lengths(step, metrics)
         adv = self._vanished_advantages(step, metrics)
         if eq is None and adv is None:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
+from grpo_monitor.detectors.base import Finding, Metrics, RunContext, Sample, finite  # noqa: F401  (RunContext: doctest)
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
@@ -27,6 +27,14 @@ from grpo_monitor.detectors.signals import (
 )
 from grpo_monitor.detectors.stats import fin, mann_kendall, median
 from grpo_monitor.detectors.variants import EXTRA_ADVICE
+
+
+_INF = math.inf
+
+
+def _slow_finite(v: Any) -> float | None:
+    """``get``'s verdict on a value that is not a finite plain float."""
+    return None if v.__class__ is float else finite(v)
 
 
 def long_completion_repetition(samples: Sequence[Sample], max_samples: int = 256, max_long: int = 8) -> float | None:
@@ -109,48 +117,203 @@ class DegenerateLongCot(EpisodeDetector):
         # Logs without the config: the cap is the longest completion length, once several batches hit it.
         self._longest = 0.0
         self._longest_hits = 0
+        # The entropy a single point must reach before a recent median could show the rise.
+        self._far_factor = 1.0 + 0.5 * (self.entropy_ratio - 1.0)
+        self._settled = False
+        self._far_base = 0.0
+        self._far_line = 0.0
+        self._deques: tuple[Any, ...] = ()
+
+    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+        # The common step, entropy far below a rise outside any episode, whole in one call: what
+        # ``EpisodeDetector.update`` and ``_assess`` do for it, written out. Any other step goes the
+        # general way.
+        h = metrics.get("entropy") if metrics.__class__ is dict else None
+        if (h.__class__ is float and 0.0 < h < self._far_line and self._settled and not self.in_episode
+                and step.__class__ is int and not samples and self.cap is not None and self.correctness.fixed):
+            self.n_updates += 1
+            clock = self.clock
+            cs = clock._steps
+            if not cs or step > cs[-1]:  # StepClock.tick
+                cs.append(step)
+                clock._gap = None
+            mget = metrics.get
+            hs, hv, ls, lv, cs_, cv, rs, rv, ts, tv = self._deques
+            hs.append(step)
+            hv.append(h)
+            L = mget("completions/mean_length")
+            if L.__class__ is not float or L - L != 0.0:
+                L = _slow_finite(L)
+            if L is not None and L > 0:
+                ls.append(step)
+                lv.append(L)
+            c = mget("completions/clipped_ratio")
+            if c.__class__ is not float or c - c != 0.0:
+                c = _slow_finite(c)
+            if c is not None:
+                cs_.append(step)
+                cv.append(c)
+            r = mget(self.correctness.key)
+            if r.__class__ is not float or r - r != 0.0:
+                r = _slow_finite(r)
+            if r is not None:
+                rs.append(step)
+                rv.append(r)
+            t = mget("reward")
+            if t.__class__ is not float or t - t != 0.0:
+                t = _slow_finite(t)
+            if t is not None:
+                ts.append(step)
+                tv.append(t)
+            self._evidence = (self._far_evidence, h, self._far_base)
+            self.state = "ok"
+            self._pending = 0
+            self._pending_onset = None
+            return []
+        return EpisodeDetector.update(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        h = self.entropy.push_metrics(step, metrics)
-        self._saw_entropy = self._saw_entropy or h is not None
-        # Entropy exploded before it ever settled: the first points are the healthy reference.
-        if h is not None and not self.entropy.ready and self.entropy.force_if_moved(step, self.clock.points(),
-                                                                                      high=1.5 * self.entropy_ratio):
-            for track in (self.length, self.clipped, self.correct):
-                track.force_early(step)
-        # The pushes below are ``LevelTrack.push`` written out for tracks whose baseline is set.
-        L = get(metrics, "completions/mean_length")
+        # Runs every step: each metric is read once, a finite plain float taken as it is (anything else
+        # goes the careful way), and the pushes are ``LevelTrack.push`` written out for settled tracks.
+        mget = metrics.get
+        if self._settled:
+            hs, hv, ls, lv, cs, cv, rs, rv, ts, tv = self._deques
+            h = mget("entropy")
+            if h.__class__ is float and 0.0 < h < _INF:
+                hs.append(step)
+                hv.append(h)
+            else:
+                h = self.entropy.push_metrics(step, metrics)
+            L = mget("completions/mean_length")
+            if L.__class__ is not float or L - L != 0.0:
+                L = _slow_finite(L)
+            if L is not None and L > 0:
+                ls.append(step)
+                lv.append(L)
+            c = mget("completions/clipped_ratio")
+            if c.__class__ is not float or c - c != 0.0:
+                c = _slow_finite(c)
+            if c is not None:
+                cs.append(step)
+                cv.append(c)
+            source = self.correctness
+            if source.fixed:
+                r = mget(source.key)
+                if r.__class__ is not float or r - r != 0.0:
+                    r = _slow_finite(r)
+            else:
+                r = source.value(metrics)
+            if r is not None:
+                rs.append(step)
+                rv.append(r)
+            t = mget("reward")
+            if t.__class__ is not float or t - t != 0.0:
+                t = _slow_finite(t)
+            if t is not None:
+                ts.append(step)
+                tv.append(t)
+            if self.cap is None or samples:
+                self._cap_and_repetition(step, metrics, samples)
+            if h is None:
+                if L is None and c is None:
+                    return None
+            elif not self.in_episode and h < self._far_line:
+                return (self._far_evidence, h, self._far_base)
+            return self._judge(step)
+        entropy = self.entropy
+        h = mget("entropy")
+        if h.__class__ is float and 0.0 < h < _INF:
+            if entropy.baseline.value is None:
+                entropy.push(step, h)
+            else:
+                w = entropy.window
+                w.steps.append(step)
+                w.values.append(h)
+        else:  # zero (the masked-truncation gap), non-finite, missing or not a float
+            h = entropy.push_metrics(step, metrics)
+        if h is not None:
+            self._saw_entropy = True
+            # Entropy exploded before it ever settled: the first points are the healthy reference.
+            if entropy.baseline.value is None and entropy.force_if_moved(step, self.clock.points(),
+                                                                           high=1.5 * self.entropy_ratio):
+                for track in (self.length, self.clipped, self.correct):
+                    track.force_early(step)
+        L = mget("completions/mean_length")
+        if L.__class__ is not float or L - L != 0.0:
+            L = _slow_finite(L)
         if L is not None and L > 0:
             track = self.length
             if track.baseline.value is None:
                 track.push(step, L)
             else:
-                track.window.steps.append(step)
-                track.window.values.append(L)
-        c = get(metrics, "completions/clipped_ratio")
+                w = track.window
+                w.steps.append(step)
+                w.values.append(L)
+        c = mget("completions/clipped_ratio")
+        if c.__class__ is not float or c - c != 0.0:
+            c = _slow_finite(c)
         if c is not None:
             track = self.clipped
             if track.baseline.value is None:
                 track.push(step, c)
             else:
-                track.window.steps.append(step)
-                track.window.values.append(c)
-        r = self.correctness.value(metrics)
+                w = track.window
+                w.steps.append(step)
+                w.values.append(c)
+        source = self.correctness
+        if source.fixed:
+            r = mget(source.key)
+            if r.__class__ is not float or r - r != 0.0:
+                r = _slow_finite(r)
+        else:
+            r = source.value(metrics)
         if r is not None:
             track = self.correct
             if track.baseline.value is None:
                 track.push(step, r)
             else:
-                track.window.steps.append(step)
-                track.window.values.append(r)
-        t = get(metrics, "reward")
+                w = track.window
+                w.steps.append(step)
+                w.values.append(r)
+        t = mget("reward")
+        if t.__class__ is not float or t - t != 0.0:
+            t = _slow_finite(t)
         if t is not None:
             track = self.total
             if track.baseline.value is None:
                 track.push(step, t)
             else:
-                track.window.steps.append(step)
-                track.window.values.append(t)
+                w = track.window
+                w.steps.append(step)
+                w.values.append(t)
+        self._cap_and_repetition(step, metrics, samples)
+        if h is None and L is None and c is None:
+            return None
+        e_base = entropy.baseline.value
+        if self._saw_entropy and e_base is None:
+            return Assessment(warming_up=True)
+        if self.length.baseline.value is None and self.clipped.baseline.value is None:
+            return Assessment(warming_up=True)
+        if (e_base is not None and self.length.baseline.value is not None and self.clipped.baseline.value is not None
+                and self.correct.baseline.value is not None and self.total.baseline.value is not None):
+            self._settle_tracks()
+        if not self.in_episode and h is not None and e_base is not None:
+            base = e_base or 0.0
+            if h < self._far_factor * base:
+                # This point is far below the rise a median of recent points would need.
+                return (self._far_evidence, h, base)
+        return self._judge(step)
+
+    def _settle_tracks(self) -> None:
+        """Every track's baseline is set (none is ever unset): from the next step on, ``_assess``
+        appends to the windows directly."""
+        self._settled = True
+        self._far_base = self.entropy.baseline.value or 0.0
+        self._far_line = self._far_factor * self._far_base
+        self._deques = tuple(d for t in (self.entropy, self.length, self.clipped, self.correct, self.total)
+                             for d in (t.window.steps, t.window.values))
+
+    def _cap_and_repetition(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> None:
         if self.cap is None:
             m = get(metrics, "completions/max_length")
             if m is not None and m > 0:
@@ -158,22 +321,10 @@ class DegenerateLongCot(EpisodeDetector):
                     self._longest, self._longest_hits = m, 1
                 elif m == self._longest:
                     self._longest_hits += 1
-        rep = long_completion_repetition(samples) if samples else None
-        if rep is not None:
-            self.repetition.push(step, rep)
-        if h is None and L is None and c is None:
-            return None
-        e_base = self.entropy.baseline.value
-        if self._saw_entropy and e_base is None:
-            return Assessment(warming_up=True)
-        if self.length.baseline.value is None and self.clipped.baseline.value is None:
-            return Assessment(warming_up=True)
-        if not self.in_episode and h is not None and e_base is not None:
-            base = e_base or 0.0
-            if h < (1.0 + 0.5 * (self.entropy_ratio - 1.0)) * base:
-                # This point is far below the rise a median of recent points would need.
-                return (self._far_evidence, h, base)
-        return self._judge(step)
+        if samples:
+            rep = long_completion_repetition(samples)
+            if rep is not None:
+                self.repetition.push(step, rep)
 
     def _far_evidence(self, h: float, base: float) -> dict[str, Any]:
         return {"entropy": {"latest": h, "baseline": base, "threshold_ratio": self.entropy_ratio}}

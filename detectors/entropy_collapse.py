@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.base import Metrics, Sample, finite
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, duplicate_key, get, groups_of
 from grpo_monitor.detectors.stats import Window, fin, mann_kendall, median
@@ -133,6 +133,16 @@ class EntropyCollapse(EpisodeDetector):
         self.pairs: list[tuple[float, float]] = []
         self._pair_stride = 1
         self._pair_count = 0
+        # The healthy-verdict line (1.5 x trend_ratio x baseline), for the baseline it was worked out for.
+        self._far_for: float | None = None
+        self._far_line = math.inf
+        # Whether a corroborator's push is a plain append by now (see ``_push_corroborator``).
+        self._zs_set = self._rs_set = False
+        self._correct_key: str | None = None  # the correctness source's key, once fixed
+        self._correct_set = False  # correctness baseline and first points in place
+        self._correct_windows = (self.correct.steps, self.correct.values)
+        self._windows = (self.entropy.window.steps, self.entropy.window.values, self.zero_std.recent.steps,
+                         self.zero_std.recent.values, self.reward_std.recent.steps, self.reward_std.recent.values)
 
     def _add_pair(self, h: float, r: float) -> None:
         self._pair_count += 1
@@ -144,6 +154,86 @@ class EntropyCollapse(EpisodeDetector):
             self._pair_stride *= 2
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        ent = self.entropy
+        base = ent.baseline.value
+        if ent.base_step is None or base is None or samples:
+            return self._assess_settling(step, metrics, samples)
+        # Once the baseline is set (nearly every step of a run), what ``_assess_settling`` does then,
+        # read straight from the metrics.
+        h = metrics.get("entropy")
+        if h.__class__ is not float:
+            h = finite(h)
+        if h is None or not (0.0 <= h < math.inf):
+            h = None
+        elif h == 0.0:  # TRL's entropy of nothing: every completion truncated and masked
+            clipped = get(metrics, "completions/clipped_ratio")
+            if clipped is None or clipped >= 0.99:
+                h = None
+        h_steps, h_vals, zs_steps, zs_vals, rs_steps, rs_vals = self._windows
+        if h is not None:
+            h_steps.append(step)
+            h_vals.append(h)
+        v = metrics.get("frac_reward_zero_std")
+        if v.__class__ is float and v - v == 0.0 and self._zs_set:
+            zs_steps.append(step)
+            zs_vals.append(v)
+        else:
+            self._zs_set = self._push_corroborator(self.zero_std, step, v)
+        v = metrics.get("reward_std")
+        if v.__class__ is float and v - v == 0.0 and self._rs_set:
+            rs_steps.append(step)
+            rs_vals.append(v)
+        else:
+            self._rs_set = self._push_corroborator(self.reward_std, step, v)
+        key = self._correct_key
+        if key is not None:  # the correctness metric is fixed for good
+            r = metrics.get(key)
+            if r.__class__ is not float:
+                r = finite(r)
+            elif not r - r == 0.0:
+                r = None
+        else:
+            cs = self.correctness
+            r = cs.value(metrics)
+            if cs.fixed:
+                self._correct_key = cs.key
+        if r is not None:
+            c_steps, c_vals = self._correct_windows
+            c_steps.append(step)
+            c_vals.append(r)
+            if not self._correct_set:
+                if len(self.correct_first) < 3:
+                    self.correct_first.append(r)
+                if self.correct_base is None and len(c_vals) >= self.settle_half:
+                    self.correct_base = median(self.correct.last(2 * self.settle_half))
+                self._correct_set = self.correct_base is not None and len(self.correct_first) >= 3
+            if h is not None:
+                n = self._pair_count = self._pair_count + 1
+                if not n % self._pair_stride:  # ``_add_pair``
+                    pairs = self.pairs
+                    pairs.append((h, r))
+                    if len(pairs) >= 256:
+                        self.pairs = pairs[::2]
+                        self._pair_stride *= 2
+        if h is None:
+            return None
+        if not self.in_episode:
+            if base is not self._far_for:
+                self._far_for = base
+                self._far_line = 1.5 * self.trend_ratio * (base or 0.0)
+            if h > self._far_line:
+                return (_far_evidence_of, self, h, base or 0.0)
+        return self._judge(step, h)
+
+    def _push_corroborator(self, c: _Corroborator, step: int, v: Any) -> bool:
+        """``c.push`` of a metric's value once the entropy baseline is set; True when from then on a
+        push only appends (its own baseline and first points are in place)."""
+        v = finite(v)
+        if v is not None:
+            c.push(step, v, self.entropy.base_step)
+        return c.base is not None and len(c.first) >= 3
+
+    def _assess_settling(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         freeze_from = self.entropy.base_step
         h = self.entropy.push_metrics(step, metrics)
         early = False
@@ -333,3 +423,7 @@ _PHRASES = {
     "identical_completions": "near-identical completions within groups",
     "correctness_stalled": "stalled correctness",
 }
+
+
+def _far_evidence_of(det: EntropyCollapse, h: float, base: float) -> dict[str, Any]:
+    return det._far_evidence(h, base)

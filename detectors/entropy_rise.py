@@ -15,14 +15,22 @@ settles again ends before it is confirmed.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Metrics, Sample
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, get
-from grpo_monitor.detectors.stats import Window, fin, mad_sigma, mann_kendall, median
+from grpo_monitor.detectors.stats import fin, mad_sigma, mann_kendall, median
 from grpo_monitor.detectors.sudden_collapse import lowered_learning_rate
+
+
+_INF = math.inf
+
+
+def _healthy_evidence(h: float, base: float, line: float) -> dict[str, Any]:
+    return {"entropy": h, "baseline": base, "rise_line": line}
 
 
 class EntropyRise(EpisodeDetector):
@@ -76,34 +84,90 @@ class EntropyRise(EpisodeDetector):
     def _reset_state(self) -> None:
         self.entropy = EntropyTrack(window=48, half=self.settle_half, tol=self.settle_tol,
                                     max_points=self.max_settle_points, min_span=self.settle_span)
+        self._window = self.entropy.window
         # Truncation and length, to step aside when completions run to the cap (a degeneration).
-        self.clipped = Window(32)
+        # Values only (their steps are never read): a push is one append.
+        self.clipped: deque[float] = deque(maxlen=32)
         self.clipped_base: float | None = None
-        self.length = Window(32)
+        self.length: deque[float] = deque(maxlen=32)
         self.length_base: float | None = None
-        self.correct = Window(48)
+        self.correct: deque[float] = deque(maxlen=48)
         self.correct_base: float | None = None
         self.correctness = CorrectnessSource(self.context)
+        self._correct_key: str | None = None
         self._line: float | None = None  # the entropy level below which a point is plainly healthy
         self._base: float | None = None
         self._spread = 0.0
         self._since_rebase = 0
         self.confirm_steps = self.hold_steps
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | tuple | None:
+        line = self._line
+        h = metrics.get("entropy")
+        if line is None or h.__class__ is not float or not 0.0 < h < _INF:
+            return self._assess_full(step, metrics)
+        # Once the line is fixed, a plain float entropy takes this path: the same pushes and checks
+        # as ``_assess_full``, inlined, since it runs at every step of the run.
+        w = self._window
+        w.steps.append(step)
+        w.values.append(h)
+        mget = metrics.get
+        c = mget("completions/clipped_ratio")
+        if c is not None:
+            if c.__class__ is not float:
+                c = get(metrics, "completions/clipped_ratio")
+            if c is not None and c - c == 0.0:
+                self.clipped.append(c)
+        L = mget("completions/mean_length")
+        if L is not None:
+            if L.__class__ is not float:
+                L = get(metrics, "completions/mean_length")
+            if L is not None and L - L == 0.0:
+                self.length.append(L)
+        key = self._correct_key
+        if key is not None:
+            r = mget(key)
+            if r.__class__ is not float:
+                r = get(metrics, key)
+            elif r - r != 0.0:
+                r = None
+        else:
+            cs = self.correctness
+            r = cs.value(metrics)
+            if cs.fixed:  # its key no longer changes
+                self._correct_key = cs.key
+        if r is not None:
+            self.correct.append(r)
+        quiet = not self.in_episode and not self._pending
+        self._since_rebase = since = self._since_rebase + 1
+        if quiet:
+            # ``since >= clock.points_for(16)``, i.e. since * gap >= 16, without working out the gap
+            # on a fine log: a mean spacing under 1.5 steps rounds to a gap of 1.
+            if since >= 16:
+                line = self._rebase()
+            else:
+                cs = self.clock._steps
+                if cs[-1] - cs[0] >= 1.5 * (len(cs) - 1) and since * self.clock.gap >= 16:
+                    line = self._rebase()
+        base = self._base or 0.0
+        if h < line and quiet:
+            return (_healthy_evidence, h, base, line)
+        return self._judge(step, h, base, line)
+
+    def _assess_full(self, step: int, metrics: Metrics) -> Assessment | tuple | None:
         tr = self.entropy
         h = tr.push_metrics(step, metrics)
         if h is None:
             return None
         c = get(metrics, "completions/clipped_ratio")
         if c is not None:
-            self.clipped.push(step, c)
+            self.clipped.append(c)
         L = get(metrics, "completions/mean_length")
         if L is not None:
-            self.length.push(step, L)
+            self.length.append(L)
         r = self.correctness.value(metrics)
         if r is not None:
-            self.correct.push(step, r)
+            self.correct.append(r)
         if tr.baseline.value is None:
             return Assessment(warming_up=True, evidence={"entropy": h, "points": tr.baseline.n})
         line = self._line
@@ -115,7 +179,7 @@ class EntropyRise(EpisodeDetector):
         base = self._base or 0.0
         if h < line and not self.in_episode and not self._pending:
             # The common, healthy path: this point is below the rise line, so no median can confirm.
-            return Assessment(level=0, evidence={"entropy": h, "baseline": base, "rise_line": line})
+            return (_healthy_evidence, h, base, line)
         return self._judge(step, h, base, line)
 
     def _freeze(self, base: float) -> float:
@@ -124,11 +188,11 @@ class EntropyRise(EpisodeDetector):
         self._spread = self.entropy.baseline.spread or 0.0
         self._line = max(self.rise_ratio * base, base + self.z * self._spread)
         if len(self.clipped):
-            self.clipped_base = median(self.clipped.last(8))
+            self.clipped_base = median(list(self.clipped)[-8:])
         if len(self.length):
-            self.length_base = median(self.length.last(8))
+            self.length_base = median(list(self.length)[-8:])
         if len(self.correct):
-            self.correct_base = median(self.correct.last(8))
+            self.correct_base = median(list(self.correct)[-8:])
         return self._line
 
     def _rebase(self) -> float:
@@ -184,14 +248,14 @@ class EntropyRise(EpisodeDetector):
 
     def _to_cap(self, ev: dict[str, Any]) -> bool:
         """Completions running to the length cap: the rise is a degeneration, judged elsewhere."""
-        c = self.clipped.recent_median(3) if len(self.clipped) else None
+        c = median(list(self.clipped)[-3:]) if len(self.clipped) else None
         if c is not None:
             cb = self.clipped_base or 0.0
             ev["clipped_ratio"] = {"recent": fin(c), "baseline": fin(cb)}
             if c >= cb + max(0.15, 0.5 * (1.0 - cb)) or c >= 0.5:
                 return True
         cap = (self.context.config or {}).get("max_completion_length")
-        L = self.length.recent_median(3) if len(self.length) else None
+        L = median(list(self.length)[-3:]) if len(self.length) else None
         if L is not None and self.length_base and L >= 1.5 * self.length_base:
             # Entropy and length rising together is the degeneration's signature, on its way to the cap.
             ev["mean_length"] = {"recent": fin(L), "baseline": fin(self.length_base)}
@@ -203,10 +267,10 @@ class EntropyRise(EpisodeDetector):
     def _companions(self, ev: dict[str, Any]) -> None:
         """What the rise comes with: correctness and length against their levels at the baseline."""
         if self.correct_base is not None and len(self.correct) >= 3:
-            now = median(self.correct.last(6))
+            now = median(list(self.correct)[-6:])
             ev["correctness"] = {"metric": self.correctness.key, "recent": fin(now), "baseline": fin(self.correct_base)}
         if self.length_base is not None and len(self.length) >= 3:
-            ev["mean_length"] = {"recent": fin(median(self.length.last(6))), "baseline": fin(self.length_base)}
+            ev["mean_length"] = {"recent": fin(median(list(self.length)[-6:])), "baseline": fin(self.length_base)}
 
     def _remedy(self, ev: dict[str, Any]) -> None:
         cfg = self.context.config or {}

@@ -132,9 +132,9 @@ class EpisodeDetector(Detector):
     def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
         # ``Detector.update`` and ``_update`` in one call: this runs for every detector at every step.
         self.n_updates += 1
-        if type(step) is not int:
+        if step.__class__ is not int:
             step = int(step)
-        if type(metrics) is not dict and not isinstance(metrics, Mapping):
+        if metrics.__class__ is not dict and not isinstance(metrics, Mapping):
             metrics = {}
         clock = self.clock
         cs = clock._steps
@@ -142,16 +142,17 @@ class EpisodeDetector(Detector):
             cs.append(step)
             clock._gap = None
         a = self._assess(step, metrics, samples or ())
-        if a is None:
-            return []
-        if type(a) is tuple:
+        if a.__class__ is tuple:
             self._evidence = a
             if not self.in_episode:
                 self.state = "ok"
-                self._pending = 0
-                self._pending_onset = None
+                if self._pending:  # nothing is pending otherwise (no onset either)
+                    self._pending = 0
+                    self._pending_onset = None
                 return []
             return self._settle(step, Assessment(0, a))
+        if a is None:
+            return []
         self._evidence = a.evidence
         if a.level == 0 and not self.in_episode:
             self.state = "warming_up" if a.warming_up else "ok"
@@ -210,8 +211,9 @@ class EpisodeDetector(Detector):
                     self._evidence = a
                     if not self.in_episode:
                         self.state = "ok"
-                        self._pending = 0
-                        self._pending_onset = None
+                        if self._pending:  # nothing is pending otherwise (no onset either)
+                            self._pending = 0
+                            self._pending_onset = None
                         continue
                     a = Assessment(0, a)
                 self._evidence = a.evidence

@@ -22,8 +22,14 @@ from typing import Any
 from grpo_monitor.detectors.base import Metrics, Sample
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import get
-from grpo_monitor.detectors.stats import MAD_SCALE, Window, fin, median
+from grpo_monitor.detectors.stats import MAD_SCALE, fin, mad_of_sorted, median
 from grpo_monitor.detectors.sudden_collapse import lowered_learning_rate
+
+_log = math.log
+
+
+def _healthy_evidence(g: float, line: float) -> dict[str, Any]:
+    return {"grad_norm": g, "spike_line": math.exp(line)}
 
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -73,7 +79,8 @@ class GradNormSpike(EpisodeDetector):
         super().__init__()
 
     def _reset_state(self) -> None:
-        self.logs = Window(self.window)  # log grad_norm of the points that were not spikes
+        # Values only (their steps are never read): a push is one append.
+        self.logs: deque[float] = deque(maxlen=self.window)  # log grad_norm of the points that were not spikes
         self.n = 0
         self._med: float | None = None
         self._sigma = 0.0
@@ -82,35 +89,41 @@ class GradNormSpike(EpisodeDetector):
         self._last_spike = False
         self._last_step = 0
         self.spikes: deque[tuple[int, float, bool]] = deque(maxlen=16)  # (step, ratio to median, clip spiked)
-        self.clip = Window(self.window)
-        self.rewards = Window(self.window)
+        self.clip: deque[float] = deque(maxlen=self.window)
+        self.rewards: deque[float] = deque(maxlen=self.window)
         self.reward_before: float | None = None  # reward level before the current cluster of spikes
         self.reward_sigma = 0.0
 
     def _refresh(self) -> None:
         self._since = 0
-        vals = sorted(self.logs.values)
+        vals = sorted(self.logs)
         n = len(vals)
         med = vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
-        dev = sorted(abs(v - med) for v in vals)
-        mad = dev[n // 2] if n % 2 else 0.5 * (dev[n // 2 - 1] + dev[n // 2])
         self._med = med
-        self._sigma = MAD_SCALE * mad
+        self._sigma = MAD_SCALE * mad_of_sorted(vals, med)
         self._line = med + max(math.log(self.ratio), self.z * self._sigma)
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        g = get(metrics, "grad_norm")
-        r = metrics.get("reward")
-        if type(r) is not float:
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | tuple | None:
+        mget = metrics.get
+        g = mget("grad_norm")
+        if g.__class__ is not float:
+            g = get(metrics, "grad_norm")
+        elif g - g != 0.0:  # NaN or inf
+            g = None
+        r = mget("reward")
+        if r.__class__ is float:
+            if r - r == 0.0:
+                self.rewards.append(r)
+        elif r is not None:
             r = get(metrics, "reward")
-        if r is not None and -math.inf < r < math.inf:
-            self.rewards.push(step, r)
-        c = metrics.get("clip_ratio/region_mean")
+            if r is not None:
+                self.rewards.append(r)
+        c = mget("clip_ratio/region_mean")
         if c is not None:
-            if type(c) is not float:
+            if c.__class__ is not float:
                 c = get(metrics, "clip_ratio/region_mean")
-            if c is not None and -math.inf < c < math.inf:
-                self.clip.push(step, c)
+            if c is not None and c - c == 0.0:
+                self.clip.append(c)
                 c_now: float | None = c
             else:
                 c_now = None
@@ -118,28 +131,32 @@ class GradNormSpike(EpisodeDetector):
             c_now = None
         if g is None or g <= 0.0:
             return None  # a gap; a zero gradient is no_learning_signal's finding
-        lg = math.log(g)
-        self.n += 1
-        # A coarse log's points each stand for several steps: fewer of them make the trailing median.
-        warm = self.min_points if self.clock.gap <= 2 else max(4, self.min_points // 2)
-        if self.n <= warm:
-            self.logs.push(step, lg)
-            if self.n == warm:
-                self._refresh()
-            return Assessment(warming_up=True, evidence={"grad_norm": g, "points": self.n})
-        if lg <= self._line:
+        lg = _log(g)
+        self.n = n = self.n + 1
+        # A coarse log's points each stand for several steps: fewer of them make the trailing median
+        # (never more than ``min_points``, so past those the spacing need not be asked).
+        if n <= self.min_points:
+            warm = self.min_points if self.clock.gap <= 2 else max(4, self.min_points // 2)
+            if n <= warm:
+                self.logs.append(lg)
+                if n == warm:
+                    self._refresh()
+                return Assessment(warming_up=True, evidence={"grad_norm": g, "points": n})
+        line = self._line
+        if lg <= line:
             self._last_spike = False
-            self.logs.push(step, lg)
-            self._since += 1
-            if self._since >= 8:
+            self.logs.append(lg)
+            self._since = since = self._since + 1
+            if since >= 8:
                 self._refresh()
+                line = self._line
             if not self.in_episode and not self._pending:
-                return Assessment(level=0, evidence={"grad_norm": g, "spike_line": math.exp(self._line)})
+                return (_healthy_evidence, g, line)
             return self._judge(step, g, False, metrics)
         # A spike: kept out of the trailing statistics, so a burst does not raise its own line.
         if not self._recent_spikes(step):
-            self.reward_before = median(self.rewards.last(16)) if len(self.rewards) >= 3 else None
-            vals = self.rewards.last(16)
+            vals = list(self.rewards)[-16:]
+            self.reward_before = median(vals) if len(self.rewards) >= 3 else None
             self.reward_sigma = (MAD_SCALE * median([abs(v - self.reward_before) for v in vals])
                                  if self.reward_before is not None else 0.0)
         clip = self._clip_spiked(c_now)
@@ -158,7 +175,7 @@ class GradNormSpike(EpisodeDetector):
         """The clip ratio well above its own recent level at the spike (clipping bursting with the gradient)."""
         if c is None or len(self.clip) < 8:
             return False
-        base = median(list(self.clip.values)[:-1])
+        base = median(list(self.clip)[:-1])
         return c >= max(2.0 * base, base + 0.05)
 
     def _recent_spikes(self, step: int) -> list[tuple[int, float, bool]]:
@@ -201,9 +218,7 @@ class GradNormSpike(EpisodeDetector):
         if before is None or len(self.rewards) < 3:
             return False
         k = self.clock.points_for(10, minimum=3 if self.clock.gap <= 2 else 2)
-        now = self.rewards.recent_median(k)
-        if now is None:
-            return False
+        now = median(list(self.rewards)[-k:])
         drop = max(3.0 * self.reward_sigma, 0.1 * abs(before), 1e-9)
         ev["reward"] = {"before_spikes": fin(before), "recent": fin(now), "drop_needed": fin(drop)}
         return now < before - drop

@@ -20,12 +20,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.base import Finding, Metrics, Sample, finite
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import CorrectnessSource, get, is_length_name, reward_names_in
 from grpo_monitor.detectors.stats import Window, fin, mad_sigma, median
 
 _DR_GRPO = {"loss_type": "dr_grpo", "scale_rewards": "none"}
+
+
+def _slow_finite(v: Any) -> float | None:
+    """``get``'s verdict on a value that is not a finite plain float."""
+    return None if v.__class__ is float else finite(v)
+
+
+def _far_evidence(length: float, early: float) -> dict[str, Any]:
+    """A healthy step's evidence, built when someone reads it."""
+    return {"mean_length": length, "early_length": early}
 
 
 class LengthCollapse(EpisodeDetector):
@@ -90,20 +100,72 @@ class LengthCollapse(EpisodeDetector):
         # Already on Dr. GRPO's loss and unscaled advantages: the variant would change nothing.
         self._cure = None if all(cfg.get(k) == v for k, v in _DR_GRPO.items()) else type(self).variant
         self.variant = self._cure
+        self._length_steps, self._length_values = self.length.steps, self.length.values
+        self._correct_steps, self._correct_values = self.correct.steps, self.correct.values
+        self._clipped_steps, self._clipped_values = self.clipped.steps, self.clipped.values
+
+    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+        # The common step, healthy and outside any episode, whole in one call: what
+        # ``EpisodeDetector.update`` and ``_assess`` do for it, written out. Any other step (an
+        # episode or a confirmation under way, a length near the line, a value that is not a finite
+        # plain float, the warm-up) goes the general way.
+        L = metrics.get("completions/mean_length") if metrics.__class__ is dict else None
+        if (L.__class__ is float and L > self._line and L - L == 0.0 and not self.in_episode and not self._pending
+                and step.__class__ is int and self.base is not None and not self.shaping and self.correctness.fixed):
+            c = metrics.get("completions/clipped_ratio")
+            if c is None or (c.__class__ is float and c - c == 0.0):
+                r = metrics.get(self.correctness.key)
+                if r.__class__ is not float or r - r != 0.0:
+                    r = _slow_finite(r)
+                self.n_updates += 1
+                clock = self.clock
+                cs = clock._steps
+                if not cs or step > cs[-1]:  # StepClock.tick
+                    cs.append(step)
+                    clock._gap = None
+                if r is not None:
+                    self._correct_steps.append(step)
+                    self._correct_values.append(r)
+                self._length_steps.append(step)
+                self._length_values.append(L)
+                if c is not None:
+                    self._clipped_steps.append(step)
+                    self._clipped_values.append(c)
+                self._evidence = (_far_evidence, L, self.base)
+                self.state = "ok"
+                self._pending = 0
+                self._pending_onset = None
+                return []
+        return EpisodeDetector.update(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        L = get(metrics, "completions/mean_length")
-        r = self.correctness.value(metrics)
+        # Runs every step: each metric is read once (a finite plain float taken as it is, anything
+        # else the careful way) and the window pushes are written out in place.
+        mget = metrics.get
+        L = mget("completions/mean_length")
+        if L.__class__ is not float or L - L != 0.0:
+            L = _slow_finite(L)
+        source = self.correctness
+        if source.fixed:
+            r = mget(source.key)
+            if r.__class__ is not float or r - r != 0.0:
+                r = _slow_finite(r)
+        else:
+            r = source.value(metrics)
         if r is not None:
-            self.correct.push(step, r)
+            self._correct_steps.append(step)
+            self._correct_values.append(r)
         if L is None:
             return None
-        self.length.push(step, L)
-        c = metrics.get("completions/clipped_ratio")
+        self._length_steps.append(step)
+        self._length_values.append(L)
+        c = mget("completions/clipped_ratio")
         if c is not None:
-            c = get(metrics, "completions/clipped_ratio")
+            if c.__class__ is not float or c - c != 0.0:
+                c = _slow_finite(c)
             if c is not None:
-                self.clipped.push(step, c)
+                self._clipped_steps.append(step)
+                self._clipped_values.append(c)
         if self.base is None:
             return self._warm(step, L, r, metrics)
         if self.shaping:
@@ -112,7 +174,7 @@ class LengthCollapse(EpisodeDetector):
                 if v is not None:
                     w.push(step, v)
         if L > self._line and not self.in_episode and not self._pending:
-            return Assessment(level=0, evidence={"mean_length": L, "early_length": self.base})
+            return (_far_evidence, L, self.base)
         return self._judge(step, L)
 
     def _warm(self, step: int, L: float, r: float | None, metrics: Metrics) -> Assessment:

@@ -13,14 +13,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample, finite
+from grpo_monitor.detectors.base import Finding, Metrics, Sample, finite
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
     EntropyTrack,
     LevelTrack,
     fair_sample,
-    get,
     groups_of,
     sample_length,
     sample_reward,
@@ -36,6 +35,11 @@ from grpo_monitor.detectors.stats import (
 )
 
 _INF = math.inf
+
+
+def _slow_finite(v: Any) -> float | None:
+    """``get``'s verdict on a value that is not a finite plain float."""
+    return None if v.__class__ is float else finite(v)
 
 
 def within_group_length_reward_corr(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
@@ -112,6 +116,14 @@ class LengthRewardCoupling(EpisodeDetector):
         self.len_correct = Window(self.max_points)
         self.len_incorrect = Window(self.max_points)
         self.confirm_points, self.confirm_steps = 2, 10
+        self._clipped_steps, self._clipped_values = self.clipped.steps, self.clipped.values
+        self._correct_steps, self._correct_values = self.correct.steps, self.correct.values
+        self._reward_steps, self._reward_values = self.reward.steps, self.reward.values
+        self._length_steps, self._length_values = self.length.window.steps, self.length.window.values
+        # A point below this length cannot lift a recent median to ``level_ratio`` (None until the
+        # baseline is set and correctness has ``min_points`` points).
+        self._far_line: float | None = None
+        self._far_base = 0.0
 
     def _push_samples(self, step: int, samples: Sequence[Sample]) -> None:
         c = within_group_length_reward_corr(samples)
@@ -131,60 +143,125 @@ class LengthRewardCoupling(EpisodeDetector):
         if bad:
             self.len_incorrect.push(step, sum(bad) / len(bad))
 
+    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+        # The common step, a length far below the level outside any episode, whole in one call: what
+        # ``EpisodeDetector.update`` and ``_assess`` do for it, written out. Any other step goes the
+        # general way.
+        L = metrics.get("completions/mean_length") if metrics.__class__ is dict else None
+        line = self._far_line
+        if (L.__class__ is float and line is not None and 0.0 < L < line and not self.in_episode
+                and step.__class__ is int and not samples and self.correctness.fixed):
+            self.n_updates += 1
+            clock = self.clock
+            cs = clock._steps
+            if not cs or step > cs[-1]:  # StepClock.tick
+                cs.append(step)
+                clock._gap = None
+            mget = metrics.get
+            entropy = self.entropy
+            h = mget("entropy")
+            if h.__class__ is float and 0.0 < h < _INF and entropy.baseline.value is not None:
+                w = entropy.window
+                w.steps.append(step)
+                w.values.append(h)
+            elif entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
+                entropy.force_if_moved(step, 2, high=2.5)
+            c = mget("completions/clipped_ratio")
+            if c.__class__ is not float or c - c != 0.0:
+                c = _slow_finite(c)
+            if c is not None:
+                self._clipped_steps.append(step)
+                self._clipped_values.append(c)
+            r = mget(self.correctness.key)
+            if r.__class__ is not float or r - r != 0.0:
+                r = _slow_finite(r)
+            if r is not None:
+                self._correct_steps.append(step)
+                self._correct_values.append(r)
+            tot = mget("reward")
+            if tot.__class__ is not float or tot - tot != 0.0:
+                tot = _slow_finite(tot)
+            if tot is not None:
+                self._reward_steps.append(step)
+                self._reward_values.append(tot)
+            self._length_steps.append(step)
+            self._length_values.append(L)
+            self._evidence = (self._far_evidence, L, self._far_base)
+            self.state = "ok"
+            self._pending = 0
+            self._pending_onset = None
+            return []
+        return EpisodeDetector.update(self, step, metrics, samples)
+
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        # Runs every step: the window pushes and ``get`` are written out in place.
+        # Runs every step: each metric is read once (a finite plain float taken as it is, anything
+        # else the careful way) and the window pushes are written out in place.
+        mget = metrics.get
         entropy = self.entropy
-        if entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
+        h = mget("entropy")
+        if h.__class__ is float and 0.0 < h < _INF and entropy.baseline.value is not None:
+            w = entropy.window
+            w.steps.append(step)
+            w.values.append(h)
+        elif entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
             entropy.force_if_moved(step, 2, high=2.5)
-        c = metrics.get("completions/clipped_ratio")
-        if type(c) is not float:
-            c = finite(c)
-        elif not -_INF < c < _INF:
-            c = None
+        c = mget("completions/clipped_ratio")
+        if c.__class__ is not float or c - c != 0.0:
+            c = _slow_finite(c)
         if c is not None:
-            w = self.clipped
-            w.steps.append(step)
-            w.values.append(c)
-        r = self.correctness.value(metrics)
-        correct = self.correct
+            self._clipped_steps.append(step)
+            self._clipped_values.append(c)
+        source = self.correctness
+        if source.fixed:
+            r = mget(source.key)
+            if r.__class__ is not float or r - r != 0.0:
+                r = _slow_finite(r)
+        else:
+            r = source.value(metrics)
         if r is not None:
-            correct.steps.append(step)
-            correct.values.append(r)
-        tot = metrics.get("reward")
-        if type(tot) is not float:
-            tot = finite(tot)
-        elif not -_INF < tot < _INF:
-            tot = None
+            self._correct_steps.append(step)
+            self._correct_values.append(r)
+        tot = mget("reward")
+        if tot.__class__ is not float or tot - tot != 0.0:
+            tot = _slow_finite(tot)
         if tot is not None:
-            w = self.reward
-            w.steps.append(step)
-            w.values.append(tot)
+            self._reward_steps.append(step)
+            self._reward_values.append(tot)
         if samples:
             self._push_samples(step, samples)
-        L = metrics.get("completions/mean_length")
-        if type(L) is not float:
-            L = finite(L)
-        elif not -_INF < L < _INF:
-            L = None
+        L = mget("completions/mean_length")
+        if L.__class__ is not float or L - L != 0.0:
+            L = _slow_finite(L)
         if L is None or L <= 0:
             return None
-        length = self.length
-        base = length.baseline.value
-        if base is None:
-            length.push(step, L)
-            base = length.baseline.value
+        if self._far_line is not None:  # the baseline is set and correctness has its points
+            self._length_steps.append(step)
+            self._length_values.append(L)
+            if L < self._far_line and not self.in_episode:
+                # This point is far below the level a median of recent points would need. (A healthy
+                # verdict opens nothing, so the confirmation stretch set below is not needed here.)
+                return (self._far_evidence, L, self._far_base)
+            base = self._far_base
         else:
-            length.window.steps.append(step)
-            length.window.values.append(L)
-        base = base or 0.0
-        if base and not self.in_episode and L < 0.8 * self.level_ratio * base and len(correct.values) >= self.min_points:
-            # This point is far below the level a median of recent points would need. (A healthy
-            # verdict opens nothing, so the confirmation stretch set below is not needed here.)
-            return (self._far_evidence, L, base)
+            length = self.length
+            base = length.baseline.value
+            if base is None:
+                length.push(step, L)
+                base = length.baseline.value
+            else:
+                length.window.steps.append(step)
+                length.window.values.append(L)
+            base = base or 0.0
+            if base and len(self.correct.values) >= self.min_points:
+                # Neither ever changes again: the far line is fixed from here on.
+                self._far_base = base
+                self._far_line = 0.8 * self.level_ratio * base
+            if base and not self.in_episode and L < 0.8 * self.level_ratio * base and len(self.correct.values) >= self.min_points:
+                return (self._far_evidence, L, base)
         # Fine logs: each point is one noisy step, so ask for twice the stretch of training.
         self.confirm_steps = 20 if self.clock.gap <= 2 else 10
-        if length.baseline.value is None or len(correct.values) < self.min_points:
-            return Assessment(warming_up=True, evidence={"points": len(length.window.values)})
+        if self.length.baseline.value is None or len(self.correct.values) < self.min_points:
+            return Assessment(warming_up=True, evidence={"points": len(self.length.window.values)})
         return self._judge(step)
 
     def _far_evidence(self, L: float, base: float) -> dict[str, Any]:

@@ -24,8 +24,13 @@ from typing import Any
 
 from grpo_monitor.detectors.base import Detector, Finding, Metrics, Sample, finite
 from grpo_monitor.detectors.episode import check_float, check_int
-from grpo_monitor.detectors.signals import CorrectnessSource, StepClock, get
+from grpo_monitor.detectors.signals import CorrectnessSource, StepClock
 from grpo_monitor.detectors.stats import MAD_SCALE, fin, median, tidy
+
+
+def _slow_finite(v: Any) -> float | None:
+    """``get``'s verdict on a value that is not a finite plain float."""
+    return None if v.__class__ is float else finite(v)
 
 
 def theil_sen_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -75,11 +80,24 @@ class NoImprovement(Detector):
         self.low_pass = check_float("low_pass", low_pass, 0.0, 1.0)
         super().__init__()
 
+    @property
+    def last_evidence(self) -> dict[str, Any]:  # type: ignore[override]
+        """The latest judgement's evidence, JSON-safe."""
+        if self._evidence_raw:
+            self._evidence, self._evidence_raw = tidy(self._evidence), False  # type: ignore[assignment]
+        return self._evidence
+
+    @last_evidence.setter
+    def last_evidence(self, value: dict[str, Any]) -> None:
+        self._evidence, self._evidence_raw = value, False
+
     def _reset(self) -> None:
         self.state = "warming_up"
         self.last_evidence = {}
         self.clock = StepClock()
         self.correctness = CorrectnessSource(self.context)
+        self._gap_span = self._gap_n = -1
+        self._gap = 1
         self.done: deque[tuple[float, float, float, float]] = deque(maxlen=self.blocks)  # (mid step, mean, signal, correctness)
         self.early: list[float] = []
         self._open(None)
@@ -97,32 +115,69 @@ class NoImprovement(Detector):
         self.b_cor_n = 0
         self.b_len = max(self.clock.gap, math.ceil(self.span_steps / self.blocks))
 
-    def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
-        r = metrics.get("reward")
-        if type(r) is not float or not -math.inf < r < math.inf:
-            r = finite(r) if r is not None else None
+    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+        # ``Detector.update`` and ``_update`` in one: this runs at every step, and most steps only add to
+        # the open block. Each metric is read once; a finite plain float is taken as it is, anything
+        # else goes the careful way.
+        self.n_updates += 1
+        if step.__class__ is not int:
+            step = int(step)
+        mget = metrics.get
+        r = mget("reward")
+        if r.__class__ is not float or r - r != 0.0:
+            r = _slow_finite(r)
             if r is None:
                 return []
-        self.clock.tick(step)
+        clock = self.clock
+        cs = clock._steps
+        if not cs or step > cs[-1]:  # StepClock.tick
+            cs.append(step)
+            clock._gap = None
         if self.b_start is None:
             self._open(step)
         self.b_sum += r
         self.b_n += 1
-        g = get(metrics, "grad_norm")
-        rs = get(metrics, "reward_std")
-        fz = get(metrics, "frac_reward_zero_std")
-        if g is not None and (rs is not None or fz is not None):
-            self.b_sig_n += 1
-            if g > 0 and (rs is None or rs > 0) and (fz is None or fz < 0.5):
-                self.b_sig += 1
-        if self.correctness.fixed or self.b_n == 1:
-            c = self.correctness.value(metrics)
-            if c is not None and self.correctness.fixed:
+        g = mget("grad_norm")
+        if g.__class__ is not float or g - g != 0.0:
+            g = _slow_finite(g)
+        if g is not None:
+            rs = mget("reward_std")
+            if rs.__class__ is not float or rs - rs != 0.0:
+                rs = _slow_finite(rs)
+            fz = mget("frac_reward_zero_std")
+            if fz.__class__ is not float or fz - fz != 0.0:
+                fz = _slow_finite(fz)
+            if rs is not None or fz is not None:
+                self.b_sig_n += 1
+                if g > 0 and (rs is None or rs > 0) and (fz is None or fz < 0.5):
+                    self.b_sig += 1
+        source = self.correctness
+        if source.fixed:
+            c = mget(source.key)
+            if c.__class__ is not float or c - c != 0.0:
+                c = _slow_finite(c)
+            if c is not None:
                 self.b_cor += c
                 self.b_cor_n += 1
-        if step - (self.b_start or step) + self.clock.gap < self.b_len:
+        elif self.b_n == 1:
+            c = source.value(metrics)
+            if c is not None and source.fixed:
+                self.b_cor += c
+                self.b_cor_n += 1
+        # ``StepClock.gap``, worked out again only when the span or the count of its points changed
+        # (on a regular log, neither does once the clock is full).
+        n = len(cs)
+        span = cs[-1] - cs[0]
+        if span != self._gap_span or n != self._gap_n:
+            self._gap_span, self._gap_n = span, n
+            self._gap = 1 if n < 2 else max(1, round(span / (n - 1)))
+        if step - (self.b_start or step) + self._gap < self.b_len:
             return []
         return self._close(step)
+
+    def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
+        self.n_updates -= 1  # ``update`` counts the step
+        return self.update(step, metrics, samples)
 
     def _close(self, step: int) -> list[Finding]:
         mean = self.b_sum / self.b_n
@@ -142,7 +197,8 @@ class NoImprovement(Detector):
         ys = [b[1] for b in self.done]
         slope, icpt = theil_sen_line(xs, ys)
         resid = [y - icpt - slope * x for x, y in zip(xs, ys)]
-        sigma = MAD_SCALE * median([abs(e - median(resid)) for e in resid])
+        mid = median(resid)
+        sigma = MAD_SCALE * median([abs(e - mid) for e in resid])
         mx = sum(xs) / len(xs)
         sxx = sum((x - mx) ** 2 for x in xs)
         width = xs[-1] - xs[0]
@@ -170,11 +226,16 @@ class NoImprovement(Detector):
         has_signal = signal is not None and signal >= 0.5
         if improving or not has_signal:
             self.state = "ok"
-            self.last_evidence = tidy(ev)  # type: ignore[assignment]
+            # Tidied when read: dashboards read it far less often than blocks close.
+            self._evidence, self._evidence_raw = ev, True
             return []
         causes = self._causes(ev)
         ev["causes"] = causes
-        self.last_evidence = tidy(ev)  # type: ignore[assignment]
+        if (not causes and self.raised < 1) or (causes and self.raised < 2):
+            # A finding follows, and its advice is added to ``ev``: the state shows ``ev`` as it is now.
+            self.last_evidence = tidy(ev)  # type: ignore[assignment]
+        else:
+            self._evidence, self._evidence_raw = ev, True
         out: list[Finding] = []
         onset = int(xs[0] - 0.5 * self.b_len)
         if not causes and self.raised < 1:

@@ -14,10 +14,11 @@ that never had a spread is told the task is too hard or the reward never pays.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.base import Metrics, Sample, finite
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import EntropyTrack, get
 from grpo_monitor.detectors.stats import Window, fin
@@ -55,10 +56,13 @@ class NoLearningSignal(EpisodeDetector):
 
     def _reset_state(self) -> None:
         self.entropy = EntropyTrack(window=8, half=3, tol=0.3, min_span=20)
+        # The flagged points (step, number of conditions). Only the trailing run of them is ever read,
+        # so an unflagged point is not stored: it only ends the run.
         self.flags = Window(64)
         # Trailing flagged points in ``flags`` (kept as the flags come, not recounted per step).
         self._run = 0
-        self.rewards = Window(2 * self.persist_points + 1)
+        self.last_reward: float | None = None
+        self._healthy = (_plain_evidence_healthy, self.persist_points, self.level)
         cap = (self.context.config or {}).get("max_completion_length")
         self.cap = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
         self.masked = (self.context.config or {}).get("mask_truncated_completions") is True
@@ -92,45 +96,104 @@ class NoLearningSignal(EpisodeDetector):
                 out.append("zero_reward_std_and_gradient")
         return out, measured
 
+    def _conditions_of(self, fz: float | None, cr: float | None, rs: float | None, gn: float | None) -> list[str]:
+        """``_conditions`` of values already read."""
+        out = []
+        if fz is not None and fz >= self.level:
+            out.append("all_groups_zero_std")
+        if cr is not None:
+            spread = (fz < 0.5) if fz is not None else (rs > 1e-6) if rs is not None else False
+            if cr >= self.level and (self.masked or not spread):
+                out.append("all_truncated")
+        if rs is not None and gn is not None and rs <= 1e-6 and gn <= 1e-8:
+            out.append("zero_reward_std_and_gradient")
+        return out
+
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         entropy = self.entropy
-        if entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
-            entropy.force_if_moved(step, 2, low=self.defer_low, high=self.defer_high)
-        fz = get(metrics, "frac_reward_zero_std")
-        conds, measured = self._conditions(metrics, fz)
-        if not measured:
-            return None
-        flags = self.flags
-        flags.steps.append(step)
-        flags.values.append(len(conds))
-        self._last_conds = conds
-        r = get(metrics, "reward")
+        if entropy.baseline.value is None:
+            if entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
+                entropy.force_if_moved(step, 2, low=self.defer_low, high=self.defer_high)
+            fz = get(metrics, "frac_reward_zero_std")
+            conds, measured = self._conditions(metrics, fz)
+            if not measured:
+                return None
+        else:
+            # Nearly every step: ``push_metrics`` and ``_conditions`` read straight from the metrics.
+            g = metrics.get
+            h = g("entropy")
+            if h.__class__ is not float:
+                h = finite(h)
+            if h is not None and 0.0 <= h < math.inf:
+                if h == 0.0:  # TRL's entropy of nothing: every completion truncated and masked
+                    clipped = get(metrics, "completions/clipped_ratio")
+                    if clipped is None or clipped >= 0.99:
+                        h = None
+                if h is not None:
+                    w = entropy.window
+                    w.steps.append(step)
+                    w.values.append(h)
+            fz, cr, rs, gn = g("frac_reward_zero_std"), g("completions/clipped_ratio"), g("reward_std"), g("grad_norm")
+            if fz.__class__ is not float:
+                fz = finite(fz)
+            elif not fz - fz == 0.0:
+                fz = None
+            if cr.__class__ is not float:
+                cr = finite(cr)
+            elif not cr - cr == 0.0:
+                cr = None
+            if rs.__class__ is not float:
+                rs = finite(rs)
+            elif not rs - rs == 0.0:
+                rs = None
+            if gn.__class__ is not float:
+                gn = finite(gn)
+            elif not gn - gn == 0.0:
+                gn = None
+            lvl = self.level
+            if ((fz is not None and fz >= lvl) or (cr is not None and cr >= lvl)
+                    or (rs is not None and gn is not None and rs <= 1e-6 and gn <= 1e-8)):
+                conds = self._conditions_of(fz, cr, rs, gn)
+            elif fz is None and cr is None and (rs is None or gn is None):
+                return None  # nothing measurable
+            else:
+                conds = ()  # no condition can hold (read only as "none": no list for the common case)
+        r = metrics.get("reward")
+        if r.__class__ is not float:
+            r = finite(r)
+        elif not r - r == 0.0:
+            r = None
         if r is not None:
-            w = self.rewards
-            w.steps.append(step)
-            w.values.append(r)
-        if not conds and (fz is None or fz <= 0.5):
-            self.signal_points += 1
-            self.last_signal_step = step
-            if r is not None and (self.best_reward is None or r > self.best_reward):
-                self.best_reward = r
-        k = self.persist_points
+            self.last_reward = r
+        flags = self.flags
         if conds:
+            flags.steps.append(step)
+            flags.values.append(len(conds))
             run = self._run + 1
             if run > flags.values.maxlen:  # the window forgets the oldest flag
                 run = flags.values.maxlen
+            self._run = run
         else:
+            if fz is None or fz <= 0.5:
+                self.signal_points += 1
+                self.last_signal_step = step
+                if r is not None:
+                    best = self.best_reward
+                    if best is None or r > best:
+                        self.best_reward = r
+            if self._run:
+                self._run = 0
+            if not self.in_episode:
+                return self._healthy
             run = 0
-        self._run = run
-        if not run and not self.in_episode:
-            return (_plain_evidence, conds, run, k, self.level)
+        k = self.persist_points
         # The flagged run must also cover persist_steps of training (a coarse point covers several).
         covered = (step - flags.steps[-run] + self.clock.gap) if run else 0
         # A coarse log (each point covering many steps) needs fewer points for the same stretch of training.
         need = max(2, min(k, -(-self.persist_steps // max(1, self.clock.gap)) + 1))
         sustained = run >= need and covered >= self.persist_steps
         long_sustained = run >= 2 * need and covered >= 2 * self.persist_steps
-        ev = _plain_evidence(conds, run, k, self.level)
+        ev = _plain_evidence(conds or [], run, k, self.level)
         deferred = None
         ratio = self.entropy.ratio(2)
         if ratio is not None:
@@ -141,11 +204,11 @@ class NoLearningSignal(EpisodeDetector):
                 deferred = "entropy_collapse"
         if deferred:
             ev["deferred_to"] = deferred
-        if self.rewards.values:
-            ev["reward"] = fin(self.rewards.values[-1])
+        if self.last_reward is not None:
+            ev["reward"] = fin(self.last_reward)
         ev["signal"] = "never_had"
         if self.signal_points >= k and self.last_signal_step is not None:
-            best, now = self.best_reward, (self.rewards.values[-1] if self.rewards.values else None)
+            best, now = self.best_reward, self.last_reward
             ev["had_signal_until"] = self.last_signal_step
             ev["signal_points"] = self.signal_points
             ev["best_reward"] = fin(best)
@@ -198,3 +261,7 @@ class NoLearningSignal(EpisodeDetector):
 
 def _plain_evidence(conds: list[str], run: int, persist_points: int, level: float) -> dict[str, Any]:
     return {"conditions": conds, "points_in_a_row": run, "persist_points": persist_points, "level": level}
+
+
+def _plain_evidence_healthy(persist_points: int, level: float) -> dict[str, Any]:
+    return _plain_evidence([], 0, persist_points, level)

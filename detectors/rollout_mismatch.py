@@ -207,7 +207,9 @@ class RolloutMismatch(EpisodeDetector):
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
             return None
-        if _MISMATCH_SET.isdisjoint(metrics):  # no mismatch metric at all: ``_read`` would find nothing
+        # No mismatch metric at all: ``_read`` would find nothing. (A keys view looks up the few
+        # mismatch names in the metrics rather than every metric name in them.)
+        if metrics.keys().isdisjoint(_MISMATCH_SET):
             return None
         if not self._read(step, metrics):
             return None

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Metrics, Sample
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import get
-from grpo_monitor.detectors.stats import Window, fin, median
+from grpo_monitor.detectors.stats import fin, median
 
 WALL = "system/wall_time"
 STEP_TIME = "step_time"
@@ -117,13 +118,17 @@ class Stall(EpisodeDetector):
     def _reset_state(self) -> None:
         self.prev_step: int | None = None
         self.prev_wall: float | None = None
-        self.wall = Window(self.window)
-        self.steps = Window(self.window)
+        # Values only (their steps are never read): a push is one append.
+        self.wall: deque[float] = deque(maxlen=self.window)
+        self.steps: deque[float] = deque(maxlen=self.window)
         # Medians refreshed every few healthy points: a step is one comparison.
         self._wall_med: float | None = None
         self._step_med: float | None = None
         self._wall_age = 0
         self._step_age = 0
+        # ``k`` times each median, None while there is none (or it is 0): a point below it is healthy.
+        self._wall_lim: float | None = None
+        self._step_lim: float | None = None
         self._ok: Assessment | None = None
         cfg = self.context.config or {}
         self.save_every = _every(cfg, "save_strategy", "save_steps")
@@ -139,6 +144,66 @@ class Stall(EpisodeDetector):
         return None
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        # The common case first: every clock logged is a plain float below its stall line, no save or
+        # evaluation in the interval, both medians known. Checked before anything changes, then
+        # done as ``_assess_full`` would; anything else goes there.
+        mget = metrics.get
+        w = mget(WALL)
+        st = mget(STEP_TIME)
+        prev = self.prev_step
+        if prev is None or step <= prev or (w is None and st is None):
+            return self._assess_full(step, metrics)
+        per = None
+        if w is not None:
+            pw = self.prev_wall
+            lim = self._wall_lim
+            if w.__class__ is not float or pw is None or lim is None or not pw <= w:
+                return self._assess_full(step, metrics)
+            per = (w - pw) / (step - prev)
+            if not per < lim:
+                return self._assess_full(step, metrics)
+            e = self.save_every
+            if e is not None and (step - 1) // e > (prev - 1) // e:
+                return self._assess_full(step, metrics)
+            e = self.eval_every
+            if e is not None and (step - 1) // e > (prev - 1) // e:
+                return self._assess_full(step, metrics)
+        if st is not None:
+            lim = self._step_lim
+            if st.__class__ is not float or lim is None or not 0.0 <= st < lim:
+                return self._assess_full(step, metrics)
+        self.prev_step = step
+        self.prev_wall = w
+        if per is not None:
+            vals = self.wall
+            vals.append(per)
+            self._wall_age = age = self._wall_age + 1
+            if age >= 8:
+                self._wall_med, self._wall_age = median(list(vals)), 0
+                self._ok = None
+                self._limits()
+        if st is not None:
+            vals = self.steps
+            vals.append(st)
+            self._step_age = age = self._step_age + 1
+            if age >= 8:
+                self._step_med, self._step_age = median(list(vals)), 0
+                self._ok = None
+                self._limits()
+        ok = self._ok
+        if ok is None:
+            ok = self._ok = Assessment(level=0, evidence={
+                "median_step_s": fin(self._wall_med if self._wall_med is not None else self._step_med), "k": self.k,
+                "min_stall_s": self.min_stall_s})
+        return ok
+
+    def _limits(self) -> None:
+        m = self._wall_med
+        self._wall_lim = self.k * m if m is not None and m > 0 else None
+        m = self._step_med
+        self._step_lim = self.k * m if m is not None and m > 0 else None
+
+    def _assess_full(self, step: int, metrics: Metrics) -> Assessment | None:
         w = get(metrics, WALL)
         st = get(metrics, STEP_TIME)
         if w is None and st is None:
@@ -161,11 +226,12 @@ class Stall(EpisodeDetector):
                 if per >= self.k * med and extra >= self.min_stall_s:
                     found.append(("wall_time", per, med, extra))
             if excuse is None and not (med and per >= self.k * med):
-                self.wall.push(step, per)
+                self.wall.append(per)
                 self._wall_age += 1
                 if (self._wall_med is None and len(self.wall) >= self.min_points) or self._wall_age >= 8:
-                    self._wall_med, self._wall_age = median(list(self.wall.values)), 0
+                    self._wall_med, self._wall_age = median(list(self.wall)), 0
                     self._ok = None
+                    self._limits()
             elif excuse is not None:
                 ev = {"excused": {"step": step, "why": excuse, "seconds": fin(w - pw)}}
         if st is not None and st >= 0:
@@ -176,11 +242,12 @@ class Stall(EpisodeDetector):
                 if st >= self.k * med and extra >= self.min_stall_s:
                     found.append(("step_time", st, med, extra))
             if not (med and st >= self.k * med):
-                self.steps.push(step, st)
+                self.steps.append(st)
                 self._step_age += 1
                 if (self._step_med is None and len(self.steps) >= self.min_points) or self._step_age >= 8:
-                    self._step_med, self._step_age = median(list(self.steps.values)), 0
+                    self._step_med, self._step_age = median(list(self.steps)), 0
                     self._ok = None
+                    self._limits()
         if self._wall_med is None and self._step_med is None:
             return Assessment(warming_up=True, evidence={"points": max(len(self.wall), len(self.steps))})
         if not found and ev is None and self._ok is not None:

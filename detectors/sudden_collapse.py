@@ -18,14 +18,14 @@ newest saved *before* it; the onset is that step, which is what the restart's ch
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Metrics, Sample, finite
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from grpo_monitor.detectors.signals import fair_sample, get, sample_top_word_share
+from grpo_monitor.detectors.signals import fair_sample, sample_top_word_share
 from grpo_monitor.detectors.stats import Window, fin, median
 
 # What the recommendation calls the change (not a GRPO variant: the run's own settings, resumed earlier).
@@ -35,7 +35,8 @@ REMEDY = "lower_learning_rate"
 _SERIES = ("kl", "entropy", "grad_norm", "completions/clipped_ratio", "frac_reward_zero_std", "learning_rate",
            "completions/mean_length")
 _FLOATS = {float}
-_FLUSH_AT = 64
+_FLUSH_AT = 256
+_HALF_SQRT_PI = math.sqrt(math.pi) / 2
 
 
 def lowered_learning_rate(config: Mapping[str, Any] | None, factor: float = 10.0, jump: float = 1.0) -> float | None:
@@ -143,7 +144,6 @@ class SuddenCollapse(EpisodeDetector):
     def _reset_state(self) -> None:
         self.rewards = Window(self.window)  # healthy points only
         # The best is the running maximum of a five-point median: a spike of one or two points does not set it.
-        self.last5 = Window(5)
         self.first: list[float] = []
         self.best: float | None = None
         self.best_step: int | None = None
@@ -158,10 +158,13 @@ class SuddenCollapse(EpisodeDetector):
         self._sigma: float | None = None
         self._sigma_at = -1
         self._pushes = 0
-        # The step-to-step differences of the healthy rewards, in arrival order and sorted, kept as
-        # the rewards come (the noise estimate reads them sorted every few points).
+        # The step-to-step differences of the healthy rewards, in arrival order and sorted. The noise
+        # estimate reads them sorted every few points, so they catch up with the window only then.
         self._diffs: deque[float] = deque()
         self._diffs_sorted: list[float] = []
+        self._diffs_at = 0  # healthy points they cover
+        self._start: float | None = None  # the median of the first three rewards
+        self.last5: deque[float] = deque(maxlen=5)
         # ``_need``'s answer, kept until the best or the noise estimate changes.
         self._need_for: tuple[float | None, int] | None = None
         self._need_val = (0.0, 0.0, 0.0)
@@ -185,12 +188,14 @@ class SuddenCollapse(EpisodeDetector):
         """Robust step-to-step noise of the healthy reward (recomputed every few healthy points)."""
         n = self._pushes
         if self._sigma is None or n - self._sigma_at >= 4:
+            if n != self._diffs_at:
+                self._sync_diffs()
             diffs = self._diffs_sorted
             if diffs:
                 # The mean absolute difference of two independent normal draws is 2 sigma / sqrt(pi). Its
                 # top tenth is trimmed (spikes); unlike a median it does not jump on coarse rewards (k/8).
-                kept = diffs[: max(1, math.ceil(0.9 * len(diffs)))]
-                self._sigma = sum(kept) / len(kept) * math.sqrt(math.pi) / 2
+                k = max(1, math.ceil(0.9 * len(diffs)))
+                self._sigma = sum(diffs[:k]) / k * _HALF_SQRT_PI
             else:
                 self._sigma = 0.0
             self._sigma_at = n
@@ -201,10 +206,16 @@ class SuddenCollapse(EpisodeDetector):
         the reward's own scale gets the line at a fifth of it, and then only a changed text confirms."""
         sigma = self._noise()
         key = (self.best, self._sigma_at)
-        if key == self._need_for and len(self.first) >= 3:
+        first = self.first
+        if key == self._need_for and len(first) >= 3:
             return self._need_val
         best = self.best or 0.0
-        start = median(self.first) if self.first else best
+        if len(first) >= 3:  # fixed from here on
+            start = self._start
+            if start is None:
+                start = self._start = median(first)
+        else:
+            start = median(first) if first else best
         scale = max(best - start, abs(best))
         need = max(self.z * sigma, self.drop_frac * scale, 1e-9)
         self.noise_limited = need > 0.8 * scale
@@ -219,15 +230,20 @@ class SuddenCollapse(EpisodeDetector):
             return
         n = len(rows)
         for (rs, rv, hs, hv), col in zip(self._series_q, zip(*rows)):
-            if col.count(None) == n:  # not logged
+            if col[0] is None and col.count(None) == n:  # not logged
                 continue
-            if set(map(type, col)) == _FLOATS:
-                s = sum(col)
+            # The windows keep only their newest points: when those are all plain finite floats, they
+            # are exactly what pushing every point would leave (older points, kept or skipped, fall out).
+            k = max(rv.maxlen, hv.maxlen)
+            tail = col[-k:]
+            if set(map(type, tail)) == _FLOATS:
+                s = sum(tail)
                 if s - s == 0.0:  # all finite (an overflowing sum only takes the long way)
-                    rs.extend(steps)
-                    rv.extend(col)
-                    hs.extend(steps)
-                    hv.extend(col)
+                    tail_steps = steps[-k:]
+                    rs.extend(tail_steps)
+                    rv.extend(tail)
+                    hs.extend(tail_steps)
+                    hv.extend(tail)
                     continue
             for st, v in zip(steps, col):
                 if v.__class__ is not float:
@@ -243,20 +259,28 @@ class SuddenCollapse(EpisodeDetector):
         self._rows = []
         self._row_steps = []
 
-    def _push_healthy(self, step: int, r: float) -> None:
-        """A healthy reward joins the window; its difference to the previous one joins the noise sample."""
-        w = self.rewards
-        vals = w.values
-        if vals:
-            if len(vals) == vals.maxlen:  # the oldest point leaves, and its difference with it
-                old = self._diffs.popleft()
-                ds = self._diffs_sorted
-                del ds[bisect_left(ds, old)]
-            d = abs(r - vals[-1])
-            self._diffs.append(d)
-            insort(self._diffs_sorted, d)
-        w.steps.append(step)
-        vals.append(r)
+    def _sync_diffs(self) -> None:
+        """The differences of the window's consecutive rewards, brought up to its newest point."""
+        k = self._pushes - self._diffs_at
+        if not k:
+            return
+        vals = self.rewards.values
+        m = len(vals)
+        dq, ds = self._diffs, self._diffs_sorted
+        if k >= m:  # no point from before is left: start over from the window
+            v = list(vals)
+            new = [abs(b - a) for a, b in zip(v, v[1:])]
+            dq.clear()
+            dq.extend(new)
+            ds[:] = sorted(new)
+        else:
+            new = [abs(vals[i] - vals[i - 1]) for i in range(m - k, m)]
+            dq.extend(new)
+            for _ in range(len(dq) - (m - 1)):  # those of points that left the window
+                del ds[bisect_left(ds, dq.popleft())]
+            ds.extend(new)
+            ds.sort()  # a sorted run and a few points: cheap, and all floats compare fast
+        self._diffs_at = self._pushes
 
     # -- per step ---------------------------------------------------------------------------------
 
@@ -319,20 +343,11 @@ class SuddenCollapse(EpisodeDetector):
                 self.crash_first = None
                 self.sudden = False  # set only on a point below the line
             self.healthy_step = step
-            # The healthy window, and the step-to-step differences the noise estimate reads sorted.
-            vals = self.rewards.values
-            if vals:
-                if len(vals) == vals.maxlen:  # the oldest point leaves, and its difference with it
-                    ds = self._diffs_sorted
-                    del ds[bisect_left(ds, self._diffs.popleft())]
-                d = abs(r - vals[-1])
-                self._diffs.append(d)
-                insort(self._diffs_sorted, d)
-            self.rewards.steps.append(step)
-            vals.append(r)
+            w = self.rewards
+            w.steps.append(step)
+            w.values.append(r)
             self._pushes += 1
-            last5 = self.last5.values
-            self.last5.steps.append(step)
+            last5 = self.last5
             last5.append(r)
             # The five-point median can pass the best only on a point above it: the previous five held
             # at most two points above the best (their median was at most the best then, which is at
@@ -341,8 +356,10 @@ class SuddenCollapse(EpisodeDetector):
                 level = sorted(last5)[2]  # the median of the five
                 if best is None or level > best:
                     self.best, self.best_step = level, step
+            g = metrics.get
             rows = self._rows
-            rows.append(tuple(map(metrics.get, _SERIES)))
+            rows.append((g("kl"), g("entropy"), g("grad_norm"), g("completions/clipped_ratio"),  # as in _SERIES
+                         g("frac_reward_zero_std"), g("learning_rate"), g("completions/mean_length")))
             self._row_steps.append(step)
             if len(rows) >= _FLUSH_AT:
                 self._flush()

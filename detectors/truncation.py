@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
+from grpo_monitor.detectors.base import Finding, Metrics, Sample
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import fair_sample, get, reward_names_in, sample_reward
 from grpo_monitor.detectors.stats import fin, mad_sigma, median
@@ -105,6 +105,44 @@ class Truncation(EpisodeDetector):
         self.fix: dict[str, Any] = {}
 
     # -- per step ---------------------------------------------------------------------------------
+
+    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+        # The common step, little truncated and outside any episode, whole in one call: what
+        # ``EpisodeDetector.update`` and ``_assess`` do for it, written out. Any other step goes the
+        # general way.
+        cr = metrics.get(_KEY) if metrics.__class__ is dict else None
+        if cr.__class__ is float and 0.0 <= cr <= 1.0 and not self.in_episode and step.__class__ is int:
+            cuts = self.cuts
+            level = self.level
+            n_high = self.n_high
+            if len(cuts) == _WINDOW and cuts[0] >= level:
+                n_high -= 1
+            if cr >= level:
+                n_high += 1
+            if n_high < 2:
+                self.n_updates += 1
+                clock = self.clock
+                cs = clock._steps
+                if not cs or step > cs[-1]:  # StepClock.tick
+                    cs.append(step)
+                    clock._gap = None
+                self.n_high = n_high
+                cuts.append(cr)
+                self.cut_steps.append(step)
+                self.recent.append(metrics)
+                if self.first_step is None:
+                    self.first_step = step
+                early = self.early
+                if len(early) < 8 and (not early or step - self.first_step < 20):
+                    early.append(cr)
+                if cr < 0.5 * level:
+                    self.low.append(metrics)
+                self._evidence = _OK.evidence
+                self.state = "ok"
+                self._pending = 0
+                self._pending_onset = None
+                return []
+        return EpisodeDetector.update(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         cr = metrics.get(_KEY)
