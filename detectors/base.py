@@ -179,6 +179,12 @@ class Detector(abc.ABC):
     # "failure": judges whether training works (a run no failure detector could judge is never
     # called healthy); "guard": sanity checks (non-finite values); "info": facts about the run.
     role: str = "failure"
+    # Metric names (and ``samples``, a non-empty batch) without any of which a step is one that
+    # ``update`` only counts: ``n_updates`` and, for an episode detector, its step clock, nothing
+    # else. The engine then counts such a step itself rather than calling ``update``. Honoured only
+    # on an episode detector using the shared ``update``, declared by the class itself (a subclass
+    # that changes what a step does must declare it again); None: called at every step.
+    inert_without: tuple[str, ...] | None = None
 
     def __init__(self) -> None:
         self.context = RunContext()

@@ -138,6 +138,7 @@ class LanguageMixing(EpisodeDetector):
     id = "language_mixing"
     variant = None
     requires = (("samples",),)
+    inert_without = ("samples",)  # ``_assess`` answers None without a batch
 
     def __init__(self, mixed_at: float = 0.2, rise: float = 0.15, critical_share: float = 0.4, baseline_points: int = 5,
                  min_samples: int = 8, max_samples: int = 256) -> None:

@@ -76,6 +76,7 @@ class MemoryPressure(EpisodeDetector):
     variant = None
     role = "guard"  # a resource check, not a judgement of learning
     requires = (("system/gpu_total_gib|system/ram_total_gib",),)
+    inert_without = ("system/gpu_total_gib", "system/ram_total_gib")  # ``_read`` finds nothing without them
 
     def __init__(self, high: float = 0.9, critical: float = 0.97, min_rise: float = 0.05, baseline_points: int = 5,
                  window: int = 32) -> None:

@@ -99,6 +99,10 @@ class NoImprovement(Detector):
         self._gap_span = self._gap_n = -1
         self._gap = 1
         self.done: deque[tuple[float, float, float, float]] = deque(maxlen=self.blocks)  # (mid step, mean, signal, correctness)
+        # The pairwise slopes of the closed blocks, one list per block (its slopes to the blocks after it):
+        # a closing block adds its slopes to the others and the oldest block's leave with it, so the
+        # judgement sorts what is there instead of working out every pair again.
+        self._slopes: deque[list[float]] = deque()
         self.early: list[float] = []
         self._open(None)
         # 1 once the info is out, 2 once the warning is: each at most once, a stall since the start is one
@@ -183,7 +187,15 @@ class NoImprovement(Detector):
         mean = self.b_sum / self.b_n
         signal = self.b_sig / self.b_sig_n if self.b_sig_n else math.nan
         cor = self.b_cor / self.b_cor_n if self.b_cor_n else math.nan
-        self.done.append((0.5 * ((self.b_start or step) + step), mean, signal, cor))
+        x = 0.5 * ((self.b_start or step) + step)
+        done, rows = self.done, self._slopes
+        done.append((x, mean, signal, cor))
+        if len(rows) == len(done):  # the oldest block left: its slopes go with it
+            rows.popleft()
+        for (xi, yi, _, _), row in zip(done, rows):  # every block but the new one
+            if x != xi:
+                row.append((mean - yi) / (x - xi))
+        rows.append([])
         if len(self.early) < 3:
             self.early.append(mean)
         self._open(None)
@@ -195,12 +207,18 @@ class NoImprovement(Detector):
     def _judge(self, step: int) -> list[Finding]:
         xs = [b[0] for b in self.done]
         ys = [b[1] for b in self.done]
-        slope, icpt = theil_sen_line(xs, ys)
+        slopes = [v for row in self._slopes for v in row]
+        total = sum(slopes)
+        if total - total == 0.0:  # all finite: sorted in any order, they are the same values ``theil_sen_line`` sorts
+            slope = median(slopes) if slopes else 0.0
+            icpt = median([y - slope * x for x, y in zip(xs, ys)])
+        else:  # a NaN sorts by where it stands: the pairs in their own order
+            slope, icpt = theil_sen_line(xs, ys)
         resid = [y - icpt - slope * x for x, y in zip(xs, ys)]
         mid = median(resid)
         sigma = MAD_SCALE * median([abs(e - mid) for e in resid])
         mx = sum(xs) / len(xs)
-        sxx = sum((x - mx) ** 2 for x in xs)
+        sxx = sum([(x - mx) ** 2 for x in xs])
         width = xs[-1] - xs[0]
         gain = slope * width
         se_gain = sigma * width / math.sqrt(sxx) if sxx > 0 else math.inf
@@ -208,7 +226,7 @@ class NoImprovement(Detector):
         recent = median(ys[-3:])
         since_start = recent - early
         se_start = sigma * math.sqrt(2.0 / 3.0)
-        signals = [b[2] for b in self.done if not math.isnan(b[2])]
+        signals = [b[2] for b in self.done if b[2] == b[2]]  # not NaN
         signal = median(signals) if signals else None
         ev: dict[str, Any] = {
             "window_steps": round(width + self.b_len),

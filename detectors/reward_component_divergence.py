@@ -326,7 +326,7 @@ class RewardComponentDivergence(EpisodeDetector):
         history = self.correct.window.last(32)
         if len(history) < 8:
             return 0, None, None
-        peak = max(abs(v) for v in history)
+        peak = max(map(abs, history))
         relax = 2.0 if self.in_episode else 1.0
         near_zero = abs(cr) <= 0.05 * relax * abs(recent) and peak <= 0.2 * relax * abs(recent)
         ev["component"] = name

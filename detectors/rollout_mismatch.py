@@ -124,6 +124,7 @@ class RolloutMismatch(EpisodeDetector):
     id = "rollout_mismatch"
     variant = None
     requires = (("mismatch/*|sampling/sampling_logp_difference/mean|sampling/importance_sampling_ratio/mean",),)
+    inert_without = MISMATCH_KEYS  # ``_assess`` answers None without any of them
 
     def not_applicable(self, names: Collection[str]) -> str | None:
         if self.seen_mismatch or any(n in MISMATCH_KEYS or n.startswith("mismatch/") for n in names):

@@ -179,7 +179,7 @@ class Stall(EpisodeDetector):
             vals.append(per)
             self._wall_age = age = self._wall_age + 1
             if age >= 8:
-                self._wall_med, self._wall_age = median(list(vals)), 0
+                self._wall_med, self._wall_age = _median(vals), 0
                 self._ok = None
                 self._limits()
         if st is not None:
@@ -187,7 +187,7 @@ class Stall(EpisodeDetector):
             vals.append(st)
             self._step_age = age = self._step_age + 1
             if age >= 8:
-                self._step_med, self._step_age = median(list(vals)), 0
+                self._step_med, self._step_age = _median(vals), 0
                 self._ok = None
                 self._limits()
         ok = self._ok
@@ -272,6 +272,14 @@ class Stall(EpisodeDetector):
         return (f"Training stalled between steps {evidence.get('from_step')} and {evidence.get('to_step')}: about "
                 f"{evidence.get('stall_s')} s more than the run's median of {evidence.get('median_step_s')} s per step "
                 f"({evidence.get('clock')}). Check the weight sync, the generation server and the other ranks.")
+
+
+def _median(vals: deque[float]) -> float:
+    """``median(list(vals))`` of a non-empty window, without the copies (this runs every few points)."""
+    s = sorted(vals)
+    n = len(s)
+    mid = n // 2
+    return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
 def _every(cfg: Mapping[str, Any], strategy: str, steps: str) -> int | None:

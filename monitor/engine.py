@@ -12,10 +12,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Detector, Finding, RunContext
-from grpo_monitor.detectors.episode import EpisodeDetector
+from grpo_monitor.detectors.episode import EpisodeDetector, is_fused_update
 
 logger = logging.getLogger("grpo_monitor")
-_EPISODE_UPDATE = EpisodeDetector.update
 _EPISODE_INNER = EpisodeDetector._update
 
 
@@ -46,24 +45,72 @@ class Engine:
         self._plan_detectors: list[Detector] = []
         self._plan_from: list[Detector] | None = None
         self._plan_disabled = -1
+        # Detectors that declare ``inert_without``, and for the metric names and sample presence
+        # last seen (``_lean_keys``, ``_lean_has``): the plan without those the step leaves inert
+        # (``_lean_plan``, ``_lean_detectors``) and those whose step the engine counts (``_lean_idle``).
+        self._inert: list[Detector] = []
+        self._lean_keys: list[Any] | None = None
+        self._lean_has = False
+        self._lean_plan: list[Callable[..., Any]] = []
+        self._lean_detectors: list[Detector] = []
+        self._lean_idle: list[Detector] = []
 
     def _replan(self) -> None:
         self._plan_detectors = [d for d in self.detectors if d.id not in self.disabled]
         self._plan = [d.update for d in self._plan_detectors]
         self._plan_from = list(self.detectors)
         self._plan_disabled = len(self.disabled)
+        # With shared ids one failure silences the later namesakes mid-step, which only calling
+        # each detector in turn reproduces.
+        unique = len({d.id for d in self._plan_detectors}) == len(self._plan_detectors)
+        self._inert = [d for d in self._plan_detectors if unique and _countable(d)]
+        self._lean_keys = None
+
+    def _relean(self, metrics: dict[Any, Any], has_samples: bool) -> None:
+        idle = set()
+        for d in self._inert:
+            needs = type(d).__dict__["inert_without"]
+            if not any(has_samples if n == "samples" else n in metrics for n in needs):
+                idle.add(id(d))
+        self._lean_detectors = [d for d in self._plan_detectors if id(d) not in idle]
+        self._lean_plan = [u for d, u in zip(self._plan_detectors, self._plan) if id(d) not in idle]
+        self._lean_idle = [d for d in self._plan_detectors if id(d) in idle]
+        self._lean_keys = [*metrics]
+        self._lean_has = has_samples
 
     def update(
         self, step: int, metrics: Mapping[str, float | None], samples: Sequence[Mapping[str, Any]] | None = None
     ) -> list[Finding]:
         if self._plan_disabled != len(self.disabled) or self._plan_from != self.detectors:
             self._replan()
+        plan, planned = self._plan, self._plan_detectors
+        # A step that leaves some detectors inert (their inputs absent) is counted for them here,
+        # exactly as their ``update`` would count it, and they are not called. Only for the plain
+        # types, whose ``update`` does nothing else with them.
+        if self._inert and metrics.__class__ is dict and step.__class__ is int and (
+                samples is None or samples.__class__ is list or samples.__class__ is tuple):
+            has = bool(samples)
+            try:
+                if has is not self._lean_has or [*metrics] != self._lean_keys:
+                    self._relean(metrics, has)
+            except Exception:  # odd keys (an ``__eq__`` that raises): every detector is called
+                self._lean_keys = None
+                self._lean_idle = []
+            if self._lean_idle:
+                plan, planned = self._lean_plan, self._lean_detectors
+                for d in self._lean_idle:
+                    d.n_updates += 1
+                    clock = d.clock  # type: ignore[attr-defined]
+                    cs = clock._steps
+                    if not cs or step > cs[-1]:  # StepClock.tick
+                        cs.append(step)
+                        clock._gap = None
         raised: list[Finding] = []
         # One handler around the whole loop (a handler per detector costs on every step); ``i``
         # says which detector it was when one raises.
         i = 0
         try:
-            for update in self._plan:
+            for update in plan:
                 out = update(step, metrics, samples)
                 if out:
                     raised += out
@@ -71,8 +118,8 @@ class Engine:
                     raised += out  # what ``extend`` makes of it: raises for a non-iterable
                 i += 1
         except Exception as exc:  # a broken detector must not take the others, or the run, down
-            self._disable(self._plan_detectors[i].id, exc)
-            for d in self._plan_detectors[i + 1:]:
+            self._disable(planned[i].id, exc)
+            for d in planned[i + 1:]:
                 if d.id in self.disabled:
                     continue
                 try:
@@ -261,6 +308,16 @@ class Engine:
         return out
 
 
+def _countable(d: Detector) -> bool:
+    """Whether the engine may count a step that leaves ``d`` inert instead of calling it: its class
+    declares ``inert_without`` itself and steps go through ``EpisodeDetector``'s own ``update``,
+    which, for a step ``_assess`` answers with None, only counts it (``n_updates``, the clock)."""
+    cls = type(d)
+    return (isinstance(d, EpisodeDetector) and cls.__dict__.get("inert_without") is not None
+            and is_fused_update(cls.update) and "update" not in getattr(d, "__dict__", {})
+            and getattr(cls, "_update", None) is _EPISODE_INNER)
+
+
 def _hook(d: Detector, name: str, *args: Any) -> str | None:
     """A coverage hook of a detector that may predate it (an object without the method answers None)."""
     fn = getattr(d, name, None)
@@ -307,7 +364,7 @@ def _replay_span(
     for j, d in jobs:
         t0 = time.perf_counter()
         fast = getattr(d, "replay_steps", None)
-        if fast is not None and type(d).update is _EPISODE_UPDATE and getattr(type(d), "_update", None) is _EPISODE_INNER:
+        if fast is not None and is_fused_update(type(d).update) and getattr(type(d), "_update", None) is _EPISODE_INNER:
             fs, err = fast(span, span_samples)
             found.extend((lo + i, j, out) for i, out in fs)
             if err is not None:

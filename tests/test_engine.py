@@ -253,3 +253,69 @@ def test_a_detector_returning_no_list_is_switched_off_as_one_that_raises():
         assert engine.update(step, metrics) == []
     assert errors == ["detector returns_none"] and engine.disabled["returns_none"].startswith("TypeError")
     assert probe.seen == 3
+
+
+def _mixed_inputs_run():
+    """A healthy run whose mismatch and memory metrics start partway (the mismatch then drifts)
+    and whose sample batches come only on some steps: each inert stretch ends at a different step."""
+    import math
+
+    run = generate("healthy_fast_drop", seed=0, logging_steps=1)
+    steps, samples = [], {}
+    for step, metrics in run.steps:
+        m = dict(metrics)
+        if step >= 60:
+            m["mismatch/kl"] = 0.001 if step < 120 else 0.001 * math.exp((step - 120) / 8)
+        if 40 <= step < 200:
+            m["system/gpu_total_gib"] = 80.0
+            m["system/gpu_peak_reserved_gib"] = min(79.5, 40.0 + 0.5 * max(0, step - 100))
+        steps.append((step, m))
+        if step % 3 == 0 and step > 30:
+            samples[step] = run.samples[step]
+    return run.context, steps, samples
+
+
+def test_a_step_that_leaves_detectors_inert_is_counted_for_them_exactly_as_their_update_would():
+    ctx, steps, samples = _mixed_inputs_run()
+    engine = Engine(ctx, [c() for c in ALL_DETECTORS])
+    direct = Engine(ctx, [c() for c in ALL_DETECTORS])  # its detectors are called by hand, each step
+    raised, by_hand, left_out = [], [], set()
+    for step, metrics in steps:
+        batch = samples.get(step, [])
+        raised += engine.update(step, metrics, batch)
+        left_out.update(d.id for d in engine._lean_idle)
+        for d in direct.detectors:
+            by_hand += d.update(step, metrics, batch)
+    # Each of them was left out on some steps and called on others.
+    assert left_out == {"rollout_mismatch", "memory_pressure", "language_mixing"}
+    assert [f.to_dict() for f in raised] == [f.to_dict() for f in by_hand]
+    assert {f.detector for f in raised} >= {"rollout_mismatch", "memory_pressure"}
+    for ours, theirs in zip(engine.detectors, direct.detectors):
+        assert ours.n_updates == theirs.n_updates == len(steps), ours.id
+        if hasattr(ours, "clock"):
+            assert list(ours.clock._steps) == list(theirs.clock._steps) and ours.clock.gap == theirs.clock.gap, ours.id
+    assert engine.states() == {d.id: {"state": d.state, "evidence": d.last_evidence} for d in direct.detectors}
+
+
+def test_a_subclass_that_changes_what_a_step_does_is_called_at_every_step():
+    from grpo_monitor.detectors.rollout_mismatch import RolloutMismatch
+
+    class Counting(RolloutMismatch):
+        id = "counting_mismatch"
+
+        def _reset_state(self) -> None:
+            super()._reset_state()
+            self.assessed = 0
+
+        def _assess(self, step, metrics, samples):
+            self.assessed += 1
+            return super()._assess(step, metrics, samples)
+
+    run = generate("healthy_slow", seed=0)
+    plain, counting = RolloutMismatch(), Counting()
+    engine = Engine(run.context, [plain, counting])
+    for step, metrics in run.steps:
+        engine.update(step, metrics, [])
+    assert "mismatch/kl" not in run.steps[0][1]
+    assert counting.assessed == plain.n_updates == counting.n_updates == len(run.steps)
+    assert [d.id for d in engine._lean_idle] == ["rollout_mismatch"] and engine._lean_detectors == [counting]

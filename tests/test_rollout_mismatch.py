@@ -39,7 +39,8 @@ def test_rising_mismatch_is_raised_before_the_collapse(name, ls):
     assert hits[0].onset_step is not None and hits[0].onset_step <= hits[0].step
     assert "drift" in hits[0].evidence["signals"] and hits[0].evidence["drift"]["ratio_to_baseline"] > 2
     assert hits[-1].evidence["corroborated_by"] or len(hits[-1].evidence["signals"]) >= 2
-    assert [f.detector for f in alarms if f.detector != "rollout_mismatch"] == []
+    # Only the symptoms the case itself plants (grad-norm spikes, entropy climbing after the gap) may be raised too.
+    assert [f.detector for f in alarms if f.detector != "rollout_mismatch" and f.detector not in run.labels["allow"]] == []
 
 
 @pytest.mark.parametrize("ls", [1, 10])
