@@ -54,6 +54,9 @@ class AdvantageMaskBug(EpisodeDetector):
     variant = None
     role = "guard"  # an implementation check: a run it alone could read is not judged
     requires = ((f"{LO}", f"{HI}", f"{MEAN}", f"{CLIP}"), (ADV_MAX, "reward_std"))
+    # Without the minimum length neither invariant can be read, and without ADV_MAX the second is
+    # not tried: ``_assess`` answers None.
+    inert_without = (LO, ADV_MAX)
 
     def __init__(self, persist_points: int = 3, short_frac: float = 0.5, adv_ratio: float = 1e-3,
                  max_clipped: float = 0.9) -> None:

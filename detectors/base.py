@@ -42,6 +42,8 @@ DETECTOR_IDS = (
 )
 
 Metrics = Mapping[str, "float | None"]
+# How many detector resets this process has seen.
+RESETS = [0]
 Sample = Mapping[str, Any]
 
 
@@ -185,6 +187,11 @@ class Detector(abc.ABC):
     # on an episode detector using the shared ``update``, declared by the class itself (a subclass
     # that changes what a step does must declare it again); None: called at every step.
     inert_without: tuple[str, ...] | None = None
+    # A class may also define ``inert_now(metrics, has_samples)``: True when its state is settled so
+    # that every step with exactly these metric names (and sample presence) only counts, as above,
+    # and leaves that state as it is. The engine asks it when the names change and now and then
+    # until it says so (it must be cheap and must not change anything); defined by the class
+    # itself, like ``inert_without``.
 
     def __init__(self) -> None:
         self.context = RunContext()
@@ -196,6 +203,7 @@ class Detector(abc.ABC):
         self.reset()
 
     def reset(self) -> None:
+        RESETS[0] += 1  # an engine that leaves settled detectors out asks them again
         self.n_updates = 0
         self._reset()
 

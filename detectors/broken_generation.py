@@ -116,6 +116,10 @@ class BrokenGeneration(EpisodeDetector):
         self.min_points = check_int("min_points", min_points, 4)
         super().__init__()
 
+    def inert_now(self, metrics: Metrics, has_samples: bool) -> bool:
+        # Both start windows closed with nothing open: ``_assess`` answers None from here on.
+        return self.done_early and self.done_stale
+
     def _reset_state(self) -> None:
         self.first_step: int | None = None
         self.first_reward: float | None = None

@@ -144,19 +144,41 @@ class LengthRewardCoupling(EpisodeDetector):
             self.len_incorrect.push(step, sum(bad) / len(bad))
 
     def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
-        # The common step, a length far below the level outside any episode, whole in one call: what
-        # ``EpisodeDetector.update`` and ``_assess`` do for it, written out. Any other step goes the
-        # general way.
+        # The common step, a length far below the level or a recent median still under it, outside
+        # any episode, whole in one call: what ``EpisodeDetector.update`` and ``_assess`` do for it,
+        # written out. Any other step goes the general way.
         L = metrics.get("completions/mean_length") if metrics.__class__ is dict else None
         line = self._far_line
-        if (L.__class__ is float and line is not None and 0.0 < L < line and not self.in_episode
+        if (L.__class__ is float and line is not None and 0.0 < L and not self.in_episode
                 and step.__class__ is int and not samples and self.correctness.fixed):
-            self.n_updates += 1
             clock = self.clock
             cs = clock._steps
-            if not cs or step > cs[-1]:  # StepClock.tick
+            if not cs or step > cs[-1]:  # StepClock.tick (a second tick, on the general way, does nothing)
                 cs.append(step)
                 clock._gap = None
+            if L < line:
+                verdict = (self._far_evidence, L, self._far_base)
+            else:
+                # Above the far line: ``_judge``'s first test, on the recent median this point makes,
+                # worked out before anything is pushed so that any other verdict can go the general way.
+                base = self.length.baseline.value
+                if L - L != 0.0 or base is None or len(self._correct_values) < self.min_points:
+                    return EpisodeDetector.update(self, step, metrics, samples)
+                gap = clock.gap
+                k = 3 if gap <= 2 else 2
+                vals = self._length_values
+                n = len(vals)
+                s = sorted([*vals, L] if k > n else [vals[i] for i in range(n - k + 1, n)] + [L])
+                m = len(s)
+                mid = m // 2
+                recent = (s[mid] if m % 2 else 0.5 * (s[mid - 1] + s[mid])) or 0.0
+                base = base or 0.0
+                ratio = recent / base if base > 0 else 0.0
+                if not ratio < self.level_ratio * 1.0:
+                    return EpisodeDetector.update(self, step, metrics, samples)
+                self.confirm_steps = 20 if gap <= 2 else 10
+                verdict = (self._level_evidence, recent, base, ratio)
+            self.n_updates += 1
             mget = metrics.get
             entropy = self.entropy
             h = mget("entropy")
@@ -186,7 +208,7 @@ class LengthRewardCoupling(EpisodeDetector):
                 self._reward_values.append(tot)
             self._length_steps.append(step)
             self._length_values.append(L)
-            self._evidence = (self._far_evidence, L, self._far_base)
+            self._evidence = verdict
             self.state = "ok"
             self._pending = 0
             self._pending_onset = None

@@ -146,6 +146,13 @@ class MoeInstability(EpisodeDetector):
         self.spike_factor = check_float("spike_factor", spike_factor, 1.0, 1e9, low_open=True)
         super().__init__()
 
+    def inert_now(self, metrics: Metrics, has_samples: bool) -> bool:
+        # A dense run whose names ``MoeSighting.see`` already scanned: each step gives the same dense
+        # verdict, which changes nothing once given outside an episode with nothing pending.
+        s = self.sighting
+        return (not s.moe and s._nkeys == len(metrics) and "aux_loss" not in metrics and not self.in_episode
+                and self.state == "ok" and not self._pending and self._evidence is _DENSE_VERDICT)
+
     def _reset_state(self) -> None:
         mk = lambda: _Baselined(self.base_points, self.base_steps, self.skip_steps, 64)
         # The router tap logs the flip rate only every ~10 steps: fewer points, same stretch.

@@ -43,6 +43,13 @@ class MoeModelDetected(Detector):
         self.raised = False
         self.sighting = MoeSighting(self.context.is_moe)
 
+    def inert_now(self, metrics: Metrics, has_samples: bool) -> bool:
+        # Raised already, or a dense run whose names ``MoeSighting.see`` already scanned and judged.
+        if self.raised:
+            return True
+        s = self.sighting
+        return not s.moe and s._nkeys == len(metrics) and "aux_loss" not in metrics and self.state == "ok"
+
     def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
         # ``Detector.update`` written out: once raised, every later step is this one test.
         self.n_updates += 1

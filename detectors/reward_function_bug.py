@@ -113,6 +113,11 @@ class RewardFunctionBug(EpisodeDetector):
             return None
         return "needs rewards/<f>/std (per-function reward std) or per-completion samples"
 
+    def inert_now(self, metrics: Metrics, has_samples: bool) -> bool:
+        # ``_assess``'s first test: nothing left to follow, and these names already scanned.
+        return (not self._pinned and not self.in_episode and len(metrics) == self._nkeys
+                and not (has_samples and self.sample_check))
+
     def _reset_state(self) -> None:
         self.components: dict[str, _Component] = {}
         self._nkeys = -1

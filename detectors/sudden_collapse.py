@@ -157,7 +157,16 @@ class SuddenCollapse(EpisodeDetector):
         self.degenerating = False
         self._sigma: float | None = None
         self._sigma_at = -1
+        # The noise estimate falls due every few healthy points but is worked out only when read: a
+        # point far above the crash line's lowest possible place needs no exact line.
+        self._sigma_stale = False
         self._pushes = 0
+        # The healthy rewards, a few more than the window: a late reading of the noise estimate sees
+        # the window as it stood when the estimate fell due.
+        self._hist: deque[float] = deque(maxlen=self.window + 8)
+        # ``best`` less the least drop the line can ask for, whatever the noise (kept per best).
+        self._floor_for: float | None = None
+        self._floor = -math.inf
         # The step-to-step differences of the healthy rewards, in arrival order and sorted. The noise
         # estimate reads them sorted every few points, so they catch up with the window only then.
         self._diffs: deque[float] = deque()
@@ -185,10 +194,9 @@ class SuddenCollapse(EpisodeDetector):
     # -- statistics -------------------------------------------------------------------------------
 
     def _noise(self) -> float:
-        """Robust step-to-step noise of the healthy reward (recomputed every few healthy points)."""
-        n = self._pushes
-        if self._sigma is None or n - self._sigma_at >= 4:
-            if n != self._diffs_at:
+        """Robust step-to-step noise of the healthy reward (due every few healthy points, at ``_sigma_at``)."""
+        if self._sigma_stale:
+            if self._sigma_at != self._diffs_at:
                 self._sync_diffs()
             diffs = self._diffs_sorted
             if diffs:
@@ -198,18 +206,18 @@ class SuddenCollapse(EpisodeDetector):
                 self._sigma = sum(diffs[:k]) / k * _HALF_SQRT_PI
             else:
                 self._sigma = 0.0
-            self._sigma_at = n
+            self._sigma_stale = False
         return self._sigma or 0.0
 
-    def _need(self) -> tuple[float, float, float]:
-        """(drop needed below the best, noise, scale). A reward too noisy for the line to sit within
+    def _need(self, best_now: float | None) -> tuple[float, float, float]:
+        """(drop needed below ``best_now``, noise, scale). A reward too noisy for the line to sit within
         the reward's own scale gets the line at a fifth of it, and then only a changed text confirms."""
         sigma = self._noise()
-        key = (self.best, self._sigma_at)
+        key = (best_now, self._sigma_at)
         first = self.first
         if key == self._need_for and len(first) >= 3:
             return self._need_val
-        best = self.best or 0.0
+        best = best_now or 0.0
         if len(first) >= 3:  # fixed from here on
             start = self._start
             if start is None:
@@ -260,11 +268,19 @@ class SuddenCollapse(EpisodeDetector):
         self._row_steps = []
 
     def _sync_diffs(self) -> None:
-        """The differences of the window's consecutive rewards, brought up to its newest point."""
-        k = self._pushes - self._diffs_at
+        """The differences of the window's consecutive rewards, brought up to where the window stood
+        when the noise estimate fell due (``_sigma_at`` healthy points)."""
+        at = self._sigma_at
+        k = at - self._diffs_at
         if not k:
             return
-        vals = self.rewards.values
+        lag = self._pushes - at
+        if lag:
+            h = self._hist
+            end = len(h) - lag
+            vals = [h[i] for i in range(end - min(at, self.window), end)]
+        else:
+            vals = self.rewards.values
         m = len(vals)
         dq, ds = self._diffs, self._diffs_sorted
         if k >= m:  # no point from before is left: start over from the window
@@ -280,7 +296,7 @@ class SuddenCollapse(EpisodeDetector):
                 del ds[bisect_left(ds, dq.popleft())]
             ds.extend(new)
             ds.sort()  # a sorted run and a few points: cheap, and all floats compare fast
-        self._diffs_at = self._pushes
+        self._diffs_at = at
 
     # -- per step ---------------------------------------------------------------------------------
 
@@ -300,17 +316,34 @@ class SuddenCollapse(EpisodeDetector):
         ready = self._ready
         if not ready and best is not None and len(self.rewards.values) >= self.min_points:
             ready = self._ready = True
+        exact = True
         if not ready:
             need = sigma = scale = 0.0
             line = -math.inf
+            below = False
         else:
-            nf = self._need_for
-            if self._pushes - self._sigma_at < 4 and nf is not None and nf[0] == best and nf[1] == self._sigma_at:
-                need, sigma, scale = self._need_val  # ``_need()`` would answer from its cache
+            if self._pushes - self._sigma_at >= 4:
+                self._sigma_at = self._pushes
+                self._sigma_stale = True
+            if best != self._floor_for:
+                self._floor_for = best
+                start = self._start
+                if start is None:
+                    start = self._start = median(first)
+                scale = max(best - start, abs(best))
+                # ``_need`` never asks for less than this (a noise-limited line sits at 0.8 of the scale).
+                self._floor = best - min(max(self.drop_frac * scale, 1e-9), 0.8 * scale)
+            if r >= self._floor:  # at or above the highest the line can be: healthy, whatever the noise
+                exact = False
+                below = False
             else:
-                need, sigma, scale = self._need()
-            line = best - need
-        below = ready and r < line
+                nf = self._need_for
+                if nf is not None and nf[0] == best and nf[1] == self._sigma_at:
+                    need, sigma, scale = self._need_val  # ``_need()`` would answer from its cache
+                else:
+                    need, sigma, scale = self._need(best)
+                line = best - need
+                below = r < line
         if below:
             self._flush()
             if not self.crash_n:
@@ -347,6 +380,7 @@ class SuddenCollapse(EpisodeDetector):
             w.steps.append(step)
             w.values.append(r)
             self._pushes += 1
+            self._hist.append(r)
             last5 = self.last5
             last5.append(r)
             # The five-point median can pass the best only on a point above it: the previous five held
@@ -369,6 +403,8 @@ class SuddenCollapse(EpisodeDetector):
         if not ready:
             return Assessment(warming_up=True, evidence={"reward": fin(r), "points": len(self.rewards)})
         if not self.crash_n:
+            if not exact:
+                return (_unjudged_evidence, self, r, self.best, self.best_step, best)
             return (_healthy_evidence, self, r, self.best, self.best_step, line, sigma, scale)
         ev = self._evidence_of(r, self.best, self.best_step, line, sigma, scale)
         if not self.sudden or self.degenerating:
@@ -527,3 +563,10 @@ _PHRASES = {
 
 def _healthy_evidence(det: SuddenCollapse, *args: Any) -> dict[str, Any]:
     return det._evidence_of(*args)
+
+
+def _unjudged_evidence(det: SuddenCollapse, r: float, best: float | None, best_step: int | None,
+                       best_then: float) -> dict[str, Any]:
+    # Read before the detector's next step, so the noise estimate due then is still the one to read.
+    need, sigma, scale = det._need(best_then)
+    return det._evidence_of(r, best, best_step, best_then - need, sigma, scale)

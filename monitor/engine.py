@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Detector, Finding, RunContext
+from grpo_monitor.detectors.base import RESETS, Detector, Finding, RunContext
 from grpo_monitor.detectors.episode import EpisodeDetector, is_fused_update
 
 logger = logging.getLogger("grpo_monitor")
@@ -54,6 +54,13 @@ class Engine:
         self._lean_plan: list[Callable[..., Any]] = []
         self._lean_detectors: list[Detector] = []
         self._lean_idle: list[Detector] = []
+        # Detectors that define ``inert_now``; those of them left out that have no step clock
+        # (``_lean_counted``); steps until they are asked again while some are not yet settled
+        # (``_lean_ttl``, 0: not before the names change); the resets seen when last asked.
+        self._settling: list[Detector] = []
+        self._lean_counted: list[Detector] = []
+        self._lean_ttl = 0
+        self._lean_resets = -1
 
     def _replan(self) -> None:
         self._plan_detectors = [d for d in self.detectors if d.id not in self.disabled]
@@ -64,17 +71,35 @@ class Engine:
         # each detector in turn reproduces.
         unique = len({d.id for d in self._plan_detectors}) == len(self._plan_detectors)
         self._inert = [d for d in self._plan_detectors if unique and _countable(d)]
+        self._settling = [d for d in self._plan_detectors if unique and _settles(d)]
+        self._inert += [d for d in self._settling if d not in self._inert]
         self._lean_keys = None
 
     def _relean(self, metrics: dict[Any, Any], has_samples: bool) -> None:
         idle = set()
+        self._lean_resets = RESETS[0]
         for d in self._inert:
-            needs = type(d).__dict__["inert_without"]
-            if not any(has_samples if n == "samples" else n in metrics for n in needs):
+            needs = type(d).__dict__.get("inert_without")
+            if needs is not None and not any(has_samples if n == "samples" else n in metrics for n in needs):
                 idle.add(id(d))
+        settling = False
+        for d in self._settling:
+            if id(d) not in idle:
+                try:
+                    settled = d.inert_now(metrics, has_samples) is True  # type: ignore[attr-defined]
+                except Exception:  # it will say so when called
+                    settled = False
+                if settled:
+                    idle.add(id(d))
+                else:
+                    settling = True
+        # Those not settled yet are asked again a few steps on (a settled one stays so while the
+        # names stay: its steps change nothing).
+        self._lean_ttl = _ASK_AGAIN if settling else 0
         self._lean_detectors = [d for d in self._plan_detectors if id(d) not in idle]
         self._lean_plan = [u for d, u in zip(self._plan_detectors, self._plan) if id(d) not in idle]
-        self._lean_idle = [d for d in self._plan_detectors if id(d) in idle]
+        self._lean_idle = [d for d in self._plan_detectors if id(d) in idle and isinstance(d, EpisodeDetector)]
+        self._lean_counted = [d for d in self._plan_detectors if id(d) in idle and not isinstance(d, EpisodeDetector)]
         self._lean_keys = [*metrics]
         self._lean_has = has_samples
 
@@ -91,13 +116,20 @@ class Engine:
                 samples is None or samples.__class__ is list or samples.__class__ is tuple):
             has = bool(samples)
             try:
-                if has is not self._lean_has or [*metrics] != self._lean_keys:
+                if has is not self._lean_has or [*metrics] != self._lean_keys or self._lean_resets != RESETS[0]:
                     self._relean(metrics, has)
+                elif self._lean_ttl:
+                    self._lean_ttl -= 1
+                    if not self._lean_ttl:
+                        self._relean(metrics, has)
             except Exception:  # odd keys (an ``__eq__`` that raises): every detector is called
                 self._lean_keys = None
                 self._lean_idle = []
-            if self._lean_idle:
+                self._lean_counted = []
+            if self._lean_idle or self._lean_counted:
                 plan, planned = self._lean_plan, self._lean_detectors
+                for d in self._lean_counted:
+                    d.n_updates += 1
                 for d in self._lean_idle:
                     d.n_updates += 1
                     clock = d.clock  # type: ignore[attr-defined]
@@ -152,6 +184,7 @@ class Engine:
         ``processes`` > 1 (``None``: one per CPU) lets a long run's detectors be shared out over
         forked processes; the findings and the detectors' final state are the same.
         """
+        self._lean_keys = None  # detectors called directly below: ask the settled ones again after
         streamed = bool(getattr(samples, "streamed", False))
         if streamed and not samples:
             samples = None
@@ -318,12 +351,25 @@ def _countable(d: Detector) -> bool:
             and getattr(cls, "_update", None) is _EPISODE_INNER)
 
 
+def _settles(d: Detector) -> bool:
+    """Whether ``d``'s class defines ``inert_now`` itself for the ``update`` it runs: the shared
+    episode ``update`` (as for ``_countable``) or its own, defined next to it."""
+    cls = type(d)
+    if not callable(cls.__dict__.get("inert_now")) or "update" in getattr(d, "__dict__", {}):
+        return False
+    if isinstance(d, EpisodeDetector):
+        return is_fused_update(cls.update) and getattr(cls, "_update", None) is _EPISODE_INNER
+    return "update" in cls.__dict__
+
+
 def _hook(d: Detector, name: str, *args: Any) -> str | None:
     """A coverage hook of a detector that may predate it (an object without the method answers None)."""
     fn = getattr(d, name, None)
     return fn(*args) if callable(fn) else None
 
 
+# Steps after which detectors not yet settled are asked again.
+_ASK_AGAIN = 16
 # Steps replayed in one process, timing each detector, before a long replay is shared out.
 _TIMED_PREFIX = 2000
 # Below this many steps a replay takes well under a second: forking would not pay.

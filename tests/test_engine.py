@@ -256,8 +256,10 @@ def test_a_detector_returning_no_list_is_switched_off_as_one_that_raises():
 
 
 def _mixed_inputs_run():
-    """A healthy run whose mismatch and memory metrics start partway (the mismatch then drifts)
-    and whose sample batches come only on some steps: each inert stretch ends at a different step."""
+    """A healthy run whose mismatch and memory metrics start partway (the mismatch then drifts),
+    whose sample batches come only on some steps, whose lengths and advantages leave a stretch,
+    and which turns out to be a mixture of experts late on: each inert stretch ends at a different
+    step, and detectors that had settled are woken by names they had not seen."""
     import math
 
     run = generate("healthy_fast_drop", seed=0, logging_steps=1)
@@ -269,6 +271,10 @@ def _mixed_inputs_run():
         if 40 <= step < 200:
             m["system/gpu_total_gib"] = 80.0
             m["system/gpu_peak_reserved_gib"] = min(79.5, 40.0 + 0.5 * max(0, step - 100))
+        if 150 <= step < 170:
+            m.pop("completions/min_length", None)
+        if step >= 220:
+            m["aux_loss"] = 2.0 + (0.01 * (step % 3) if step < 265 else 1.5)
         steps.append((step, m))
         if step % 3 == 0 and step > 30:
             samples[step] = run.samples[step]
@@ -283,13 +289,14 @@ def test_a_step_that_leaves_detectors_inert_is_counted_for_them_exactly_as_their
     for step, metrics in steps:
         batch = samples.get(step, [])
         raised += engine.update(step, metrics, batch)
-        left_out.update(d.id for d in engine._lean_idle)
+        left_out.update(d.id for d in engine._lean_idle + engine._lean_counted)
         for d in direct.detectors:
             by_hand += d.update(step, metrics, batch)
     # Each of them was left out on some steps and called on others.
-    assert left_out == {"rollout_mismatch", "memory_pressure", "language_mixing"}
+    assert left_out == {"rollout_mismatch", "memory_pressure", "language_mixing", "advantage_mask_bug",
+                        "broken_generation", "reward_function_bug", "moe_instability", "moe_model_detected"}
     assert [f.to_dict() for f in raised] == [f.to_dict() for f in by_hand]
-    assert {f.detector for f in raised} >= {"rollout_mismatch", "memory_pressure"}
+    assert {f.detector for f in raised} >= {"rollout_mismatch", "memory_pressure", "moe_model_detected"}
     for ours, theirs in zip(engine.detectors, direct.detectors):
         assert ours.n_updates == theirs.n_updates == len(steps), ours.id
         if hasattr(ours, "clock"):
@@ -319,3 +326,32 @@ def test_a_subclass_that_changes_what_a_step_does_is_called_at_every_step():
     assert "mismatch/kl" not in run.steps[0][1]
     assert counting.assessed == plain.n_updates == counting.n_updates == len(run.steps)
     assert [d.id for d in engine._lean_idle] == ["rollout_mismatch"] and engine._lean_detectors == [counting]
+
+
+def test_settled_detectors_reset_mid_run_are_called_again_until_they_settle_anew():
+    ctx, steps, _ = _mixed_inputs_run()
+    samples: dict[int, list] = {}  # no batches: the names stay the same from step 60 to 150
+    engine = Engine(ctx, [c() for c in ALL_DETECTORS])
+    direct = Engine(ctx, [c() for c in ALL_DETECTORS])
+    raised, by_hand, idle_before_reset = [], [], set()
+    for step, metrics in steps:
+        if step == 100:
+            idle_before_reset = {d.id for d in engine._lean_idle + engine._lean_counted}
+            for eng in (engine, direct):
+                for d in eng.detectors:
+                    if d.id in ("broken_generation", "reward_function_bug", "moe_model_detected"):
+                        d.reset()
+        batch = samples.get(step, [])
+        raised += engine.update(step, metrics, batch)
+        for d in direct.detectors:
+            by_hand += d.update(step, metrics, batch)
+        assert engine.state_names() == direct.state_names(), step
+        assert [d.__dict__.get("first_step") for d in engine.detectors] == [
+            d.__dict__.get("first_step") for d in direct.detectors], step
+    assert {"broken_generation", "moe_model_detected"} <= idle_before_reset
+    assert [f.to_dict() for f in raised] == [f.to_dict() for f in by_hand]
+    for ours, theirs in zip(engine.detectors, direct.detectors):
+        assert ours.n_updates == theirs.n_updates, ours.id
+        if hasattr(ours, "clock"):
+            assert list(ours.clock._steps) == list(theirs.clock._steps), ours.id
+    assert engine.states() == {d.id: {"state": d.state, "evidence": d.last_evidence} for d in direct.detectors}
