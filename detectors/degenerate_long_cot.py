@@ -131,12 +131,6 @@ class DegenerateLongCot(EpisodeDetector):
         h = metrics.get("entropy") if metrics.__class__ is dict else None
         if (h.__class__ is float and 0.0 < h < self._far_line and self._settled and not self.in_episode
                 and step.__class__ is int and not samples and self.cap is not None and self.correctness.fixed):
-            self.n_updates += 1
-            clock = self.clock
-            cs = clock._steps
-            if not cs or step > cs[-1]:  # StepClock.tick
-                cs.append(step)
-                clock._gap = None
             mget = metrics.get
             hs, hv, ls, lv, cs_, cv, rs, rv, ts, tv = self._deques
             hs.append(step)
@@ -165,11 +159,7 @@ class DegenerateLongCot(EpisodeDetector):
             if t is not None:
                 ts.append(step)
                 tv.append(t)
-            self._evidence = (self._far_evidence, h, self._far_base)
-            self.state = "ok"
-            self._pending = 0
-            self._pending_onset = None
-            return []
+            return self._quiet_step(step, (self._far_evidence, h, self._far_base))
         return EpisodeDetector.update(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:

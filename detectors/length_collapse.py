@@ -117,12 +117,6 @@ class LengthCollapse(EpisodeDetector):
                 r = metrics.get(self.correctness.key)
                 if r.__class__ is not float or r - r != 0.0:
                     r = _slow_finite(r)
-                self.n_updates += 1
-                clock = self.clock
-                cs = clock._steps
-                if not cs or step > cs[-1]:  # StepClock.tick
-                    cs.append(step)
-                    clock._gap = None
                 if r is not None:
                     self._correct_steps.append(step)
                     self._correct_values.append(r)
@@ -131,11 +125,7 @@ class LengthCollapse(EpisodeDetector):
                 if c is not None:
                     self._clipped_steps.append(step)
                     self._clipped_values.append(c)
-                self._evidence = (_far_evidence, L, self.base)
-                self.state = "ok"
-                self._pending = 0
-                self._pending_onset = None
-                return []
+                return self._quiet_step(step, (_far_evidence, L, self.base))
         return EpisodeDetector.update(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:

@@ -152,10 +152,7 @@ class LengthRewardCoupling(EpisodeDetector):
         if (L.__class__ is float and line is not None and 0.0 < L and not self.in_episode
                 and step.__class__ is int and not samples and self.correctness.fixed):
             clock = self.clock
-            cs = clock._steps
-            if not cs or step > cs[-1]:  # StepClock.tick (a second tick, on the general way, does nothing)
-                cs.append(step)
-                clock._gap = None
+            clock.tick(step)  # before ``gap`` is read; the tick of the general way or of ``_quiet_step`` then does nothing
             if L < line:
                 verdict = (self._far_evidence, L, self._far_base)
             else:
@@ -178,7 +175,6 @@ class LengthRewardCoupling(EpisodeDetector):
                     return EpisodeDetector.update(self, step, metrics, samples)
                 self.confirm_steps = 20 if gap <= 2 else 10
                 verdict = (self._level_evidence, recent, base, ratio)
-            self.n_updates += 1
             mget = metrics.get
             entropy = self.entropy
             h = mget("entropy")
@@ -208,11 +204,7 @@ class LengthRewardCoupling(EpisodeDetector):
                 self._reward_values.append(tot)
             self._length_steps.append(step)
             self._length_values.append(L)
-            self._evidence = verdict
-            self.state = "ok"
-            self._pending = 0
-            self._pending_onset = None
-            return []
+            return self._quiet_step(step, verdict)
         return EpisodeDetector.update(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:

@@ -120,12 +120,6 @@ class Truncation(EpisodeDetector):
             if cr >= level:
                 n_high += 1
             if n_high < 2:
-                self.n_updates += 1
-                clock = self.clock
-                cs = clock._steps
-                if not cs or step > cs[-1]:  # StepClock.tick
-                    cs.append(step)
-                    clock._gap = None
                 self.n_high = n_high
                 cuts.append(cr)
                 self.cut_steps.append(step)
@@ -137,11 +131,7 @@ class Truncation(EpisodeDetector):
                     early.append(cr)
                 if cr < 0.5 * level:
                     self.low.append(metrics)
-                self._evidence = _OK.evidence
-                self.state = "ok"
-                self._pending = 0
-                self._pending_onset = None
-                return []
+                return self._quiet_step(step, _OK.evidence)
         return EpisodeDetector.update(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
