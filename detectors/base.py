@@ -105,6 +105,17 @@ def finite(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def slow_finite(value: Any) -> float | None:
+    """``finite`` for a value a hot path has already found not to be a finite plain float (a plain
+    float here is NaN or infinite): such paths test ``v.__class__ is float and v - v == 0.0`` inline
+    and call this for the rest.
+
+    >>> slow_finite(float("nan")), slow_finite(3), slow_finite(None)
+    (None, 3.0, None)
+    """
+    return None if value.__class__ is float else finite(value)
+
+
 # Inputs of built-in detectors whose modules leave ``requires`` undeclared.
 KNOWN_REQUIRES: dict[str, tuple[tuple[str, ...], ...]] = {
     "no_learning_signal": (("frac_reward_zero_std",), ("completions/clipped_ratio",), ("reward_std", "grad_norm")),

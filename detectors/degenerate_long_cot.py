@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, RunContext, Sample, finite  # noqa: F401  (RunContext: doctest)
+from grpo_monitor.detectors.base import Finding, Metrics, RunContext, Sample, slow_finite  # noqa: F401  (RunContext: doctest)
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
@@ -30,11 +30,6 @@ from grpo_monitor.detectors.variants import EXTRA_ADVICE
 
 
 _INF = math.inf
-
-
-def _slow_finite(v: Any) -> float | None:
-    """``get``'s verdict on a value that is not a finite plain float."""
-    return None if v.__class__ is float else finite(v)
 
 
 def long_completion_repetition(samples: Sequence[Sample], max_samples: int = 256, max_long: int = 8) -> float | None:
@@ -137,25 +132,25 @@ class DegenerateLongCot(EpisodeDetector):
             hv.append(h)
             L = mget("completions/mean_length")
             if L.__class__ is not float or L - L != 0.0:
-                L = _slow_finite(L)
+                L = slow_finite(L)
             if L is not None and L > 0:
                 ls.append(step)
                 lv.append(L)
             c = mget("completions/clipped_ratio")
             if c.__class__ is not float or c - c != 0.0:
-                c = _slow_finite(c)
+                c = slow_finite(c)
             if c is not None:
                 cs_.append(step)
                 cv.append(c)
             r = mget(self.correctness.key)
             if r.__class__ is not float or r - r != 0.0:
-                r = _slow_finite(r)
+                r = slow_finite(r)
             if r is not None:
                 rs.append(step)
                 rv.append(r)
             t = mget("reward")
             if t.__class__ is not float or t - t != 0.0:
-                t = _slow_finite(t)
+                t = slow_finite(t)
             if t is not None:
                 ts.append(step)
                 tv.append(t)
@@ -176,13 +171,13 @@ class DegenerateLongCot(EpisodeDetector):
                 h = self.entropy.push_metrics(step, metrics)
             L = mget("completions/mean_length")
             if L.__class__ is not float or L - L != 0.0:
-                L = _slow_finite(L)
+                L = slow_finite(L)
             if L is not None and L > 0:
                 ls.append(step)
                 lv.append(L)
             c = mget("completions/clipped_ratio")
             if c.__class__ is not float or c - c != 0.0:
-                c = _slow_finite(c)
+                c = slow_finite(c)
             if c is not None:
                 cs.append(step)
                 cv.append(c)
@@ -190,7 +185,7 @@ class DegenerateLongCot(EpisodeDetector):
             if source.fixed:
                 r = mget(source.key)
                 if r.__class__ is not float or r - r != 0.0:
-                    r = _slow_finite(r)
+                    r = slow_finite(r)
             else:
                 r = source.value(metrics)
             if r is not None:
@@ -198,7 +193,7 @@ class DegenerateLongCot(EpisodeDetector):
                 rv.append(r)
             t = mget("reward")
             if t.__class__ is not float or t - t != 0.0:
-                t = _slow_finite(t)
+                t = slow_finite(t)
             if t is not None:
                 ts.append(step)
                 tv.append(t)
@@ -230,7 +225,7 @@ class DegenerateLongCot(EpisodeDetector):
                     track.force_early(step)
         L = mget("completions/mean_length")
         if L.__class__ is not float or L - L != 0.0:
-            L = _slow_finite(L)
+            L = slow_finite(L)
         if L is not None and L > 0:
             track = self.length
             if track.baseline.value is None:
@@ -241,7 +236,7 @@ class DegenerateLongCot(EpisodeDetector):
                 w.values.append(L)
         c = mget("completions/clipped_ratio")
         if c.__class__ is not float or c - c != 0.0:
-            c = _slow_finite(c)
+            c = slow_finite(c)
         if c is not None:
             track = self.clipped
             if track.baseline.value is None:
@@ -254,7 +249,7 @@ class DegenerateLongCot(EpisodeDetector):
         if source.fixed:
             r = mget(source.key)
             if r.__class__ is not float or r - r != 0.0:
-                r = _slow_finite(r)
+                r = slow_finite(r)
         else:
             r = source.value(metrics)
         if r is not None:
@@ -267,7 +262,7 @@ class DegenerateLongCot(EpisodeDetector):
                 w.values.append(r)
         t = mget("reward")
         if t.__class__ is not float or t - t != 0.0:
-            t = _slow_finite(t)
+            t = slow_finite(t)
         if t is not None:
             track = self.total
             if track.baseline.value is None:

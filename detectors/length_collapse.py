@@ -20,17 +20,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, Sample, finite
+from grpo_monitor.detectors.base import Finding, Metrics, Sample, slow_finite
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import CorrectnessSource, get, is_length_name, reward_names_in
 from grpo_monitor.detectors.stats import Window, fin, mad_sigma, median
 
 _DR_GRPO = {"loss_type": "dr_grpo", "scale_rewards": "none"}
-
-
-def _slow_finite(v: Any) -> float | None:
-    """``get``'s verdict on a value that is not a finite plain float."""
-    return None if v.__class__ is float else finite(v)
 
 
 def _far_evidence(length: float, early: float) -> dict[str, Any]:
@@ -116,7 +111,7 @@ class LengthCollapse(EpisodeDetector):
             if c is None or (c.__class__ is float and c - c == 0.0):
                 r = metrics.get(self.correctness.key)
                 if r.__class__ is not float or r - r != 0.0:
-                    r = _slow_finite(r)
+                    r = slow_finite(r)
                 if r is not None:
                     self._correct_steps.append(step)
                     self._correct_values.append(r)
@@ -134,12 +129,12 @@ class LengthCollapse(EpisodeDetector):
         mget = metrics.get
         L = mget("completions/mean_length")
         if L.__class__ is not float or L - L != 0.0:
-            L = _slow_finite(L)
+            L = slow_finite(L)
         source = self.correctness
         if source.fixed:
             r = mget(source.key)
             if r.__class__ is not float or r - r != 0.0:
-                r = _slow_finite(r)
+                r = slow_finite(r)
         else:
             r = source.value(metrics)
         if r is not None:
@@ -152,7 +147,7 @@ class LengthCollapse(EpisodeDetector):
         c = mget("completions/clipped_ratio")
         if c is not None:
             if c.__class__ is not float or c - c != 0.0:
-                c = _slow_finite(c)
+                c = slow_finite(c)
             if c is not None:
                 self._clipped_steps.append(step)
                 self._clipped_values.append(c)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, Sample, finite
+from grpo_monitor.detectors.base import Finding, Metrics, Sample, slow_finite
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
@@ -35,11 +35,6 @@ from grpo_monitor.detectors.stats import (
 )
 
 _INF = math.inf
-
-
-def _slow_finite(v: Any) -> float | None:
-    """``get``'s verdict on a value that is not a finite plain float."""
-    return None if v.__class__ is float else finite(v)
 
 
 def within_group_length_reward_corr(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
@@ -186,19 +181,19 @@ class LengthRewardCoupling(EpisodeDetector):
                 entropy.force_if_moved(step, 2, high=2.5)
             c = mget("completions/clipped_ratio")
             if c.__class__ is not float or c - c != 0.0:
-                c = _slow_finite(c)
+                c = slow_finite(c)
             if c is not None:
                 self._clipped_steps.append(step)
                 self._clipped_values.append(c)
             r = mget(self.correctness.key)
             if r.__class__ is not float or r - r != 0.0:
-                r = _slow_finite(r)
+                r = slow_finite(r)
             if r is not None:
                 self._correct_steps.append(step)
                 self._correct_values.append(r)
             tot = mget("reward")
             if tot.__class__ is not float or tot - tot != 0.0:
-                tot = _slow_finite(tot)
+                tot = slow_finite(tot)
             if tot is not None:
                 self._reward_steps.append(step)
                 self._reward_values.append(tot)
@@ -221,7 +216,7 @@ class LengthRewardCoupling(EpisodeDetector):
             entropy.force_if_moved(step, 2, high=2.5)
         c = mget("completions/clipped_ratio")
         if c.__class__ is not float or c - c != 0.0:
-            c = _slow_finite(c)
+            c = slow_finite(c)
         if c is not None:
             self._clipped_steps.append(step)
             self._clipped_values.append(c)
@@ -229,7 +224,7 @@ class LengthRewardCoupling(EpisodeDetector):
         if source.fixed:
             r = mget(source.key)
             if r.__class__ is not float or r - r != 0.0:
-                r = _slow_finite(r)
+                r = slow_finite(r)
         else:
             r = source.value(metrics)
         if r is not None:
@@ -237,7 +232,7 @@ class LengthRewardCoupling(EpisodeDetector):
             self._correct_values.append(r)
         tot = mget("reward")
         if tot.__class__ is not float or tot - tot != 0.0:
-            tot = _slow_finite(tot)
+            tot = slow_finite(tot)
         if tot is not None:
             self._reward_steps.append(step)
             self._reward_values.append(tot)
@@ -245,7 +240,7 @@ class LengthRewardCoupling(EpisodeDetector):
             self._push_samples(step, samples)
         L = mget("completions/mean_length")
         if L.__class__ is not float or L - L != 0.0:
-            L = _slow_finite(L)
+            L = slow_finite(L)
         if L is None or L <= 0:
             return None
         if self._far_line is not None:  # the baseline is set and correctness has its points

@@ -22,15 +22,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Detector, Finding, Metrics, Sample, finite
+from grpo_monitor.detectors.base import Detector, Finding, Metrics, Sample, slow_finite
 from grpo_monitor.detectors.episode import check_float, check_int
 from grpo_monitor.detectors.signals import CorrectnessSource, StepClock
 from grpo_monitor.detectors.stats import MAD_SCALE, fin, median, tidy
-
-
-def _slow_finite(v: Any) -> float | None:
-    """``get``'s verdict on a value that is not a finite plain float."""
-    return None if v.__class__ is float else finite(v)
 
 
 def theil_sen_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -129,7 +124,7 @@ class NoImprovement(Detector):
         mget = metrics.get
         r = mget("reward")
         if r.__class__ is not float or r - r != 0.0:
-            r = _slow_finite(r)
+            r = slow_finite(r)
             if r is None:
                 return []
         clock = self.clock
@@ -143,14 +138,14 @@ class NoImprovement(Detector):
         self.b_n += 1
         g = mget("grad_norm")
         if g.__class__ is not float or g - g != 0.0:
-            g = _slow_finite(g)
+            g = slow_finite(g)
         if g is not None:
             rs = mget("reward_std")
             if rs.__class__ is not float or rs - rs != 0.0:
-                rs = _slow_finite(rs)
+                rs = slow_finite(rs)
             fz = mget("frac_reward_zero_std")
             if fz.__class__ is not float or fz - fz != 0.0:
-                fz = _slow_finite(fz)
+                fz = slow_finite(fz)
             if rs is not None or fz is not None:
                 self.b_sig_n += 1
                 if g > 0 and (rs is None or rs > 0) and (fz is None or fz < 0.5):
@@ -159,7 +154,7 @@ class NoImprovement(Detector):
         if source.fixed:
             c = mget(source.key)
             if c.__class__ is not float or c - c != 0.0:
-                c = _slow_finite(c)
+                c = slow_finite(c)
             if c is not None:
                 self.b_cor += c
                 self.b_cor_n += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, RunContext, Sample, finite  # noqa: F401  (RunContext: doctest)
+from grpo_monitor.detectors.base import Metrics, RunContext, Sample, slow_finite  # noqa: F401  (RunContext: doctest)
 from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
@@ -100,7 +100,7 @@ class RewardComponentDivergence(EpisodeDetector):
         if source.fixed:
             c = metrics.get(source.key)
             if c.__class__ is not float or c - c != 0.0:  # not a finite plain float: the careful way
-                c = _slow_finite(c)
+                c = slow_finite(c)
         else:
             c = source.value(metrics)
         correct = self.correct
@@ -131,7 +131,7 @@ class RewardComponentDivergence(EpisodeDetector):
         for entry in self._names:
             v = mget(entry[1])
             if v.__class__ is not float or v - v != 0.0:
-                v = _slow_finite(v)
+                v = slow_finite(v)
                 if v is None:
                     continue
             comp = entry[2]
@@ -389,11 +389,6 @@ class _Component:
         b = self.base = baseline.value
         self.noise = self.noise_z * max(baseline.spread or 0.0, 1e-6)
         self.half_floor = 0.5 * max(self.noise, rise * abs(b or 0.0))
-
-
-def _slow_finite(v: Any) -> float | None:
-    """``get``'s verdict on a value that is not a finite plain float."""
-    return None if v.__class__ is float else finite(v)
 
 
 def _with_trend(ev: dict[str, Any], history: list[float], peak: float | None, near_zero: bool) -> dict[str, Any]:

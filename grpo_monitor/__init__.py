@@ -30,30 +30,6 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isdir(_o
     __path__.append(_root)  # noqa: F821 - a package's own __path__
 del _root
 
-from grpo_monitor.monitor import (  # noqa: E402 - the search path above must be in place first
-    Engine,
-    Finding,
-    RunContext,
-    RunLog,
-    RunLogError,
-    __version__,
-    analyze,
-    attach,
-    load_run,
-    read_run,
-    run_with_restarts,
-)
-
-__all__ = [
-    "Engine",
-    "Finding",
-    "RunContext",
-    "RunLog",
-    "RunLogError",
-    "__version__",
-    "analyze",
-    "attach",
-    "load_run",
-    "read_run",
-    "run_with_restarts",
-]
+# The public API is the core package's curated one, re-exported rather than listed twice.
+from grpo_monitor.monitor import *  # noqa: E402,F403 - the search path above must be in place first
+from grpo_monitor.monitor import __all__  # noqa: E402
