@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Finding, Metrics, Sample
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import get
 from grpo_monitor.detectors.stats import fin
 
@@ -138,6 +138,26 @@ class AdvantageMaskBug(EpisodeDetector):
             self.adv_run = 0
             self.adv_since = None
         return bad
+
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
+        # The common step of ``_assess`` below with ``EpisodeDetector._step``'s healthy
+        # ending, whole in one call; any other step goes that way.
+        lo = metrics.get(LO)
+        hi = metrics.get(HI)
+        if lo.__class__ is float and hi.__class__ is float and ADV_MAX not in metrics and not self.in_episode:
+            a = hi if hi >= 0.0 else -hi
+            if hi - lo > 1e-6 * (a if a > 1.0 else 1.0):
+                self._n += 1
+                if self.equal_run:
+                    self.equal_run = 0
+                    self.equal_since = None
+                self._evidence = self._healthy.evidence
+                self.state = "ok"
+                if self._pending:
+                    self._pending = 0
+                    self._pending_onset = None
+                return NOTHING
+        return EpisodeDetector._step(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         # The common case, as ``_equal_lengths`` decides it, inlined: plain float lengths that differ,

@@ -170,6 +170,16 @@ def unmet(requires: Sequence[Sequence[str]] | None, names: Collection[str], has_
     return text
 
 
+class IdleCount:
+    """Steps an engine skipped for the detectors it left idle: one count for all of them, which
+    each detector's ``n_updates`` reads from the point it became idle."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class Detector(abc.ABC):
     """Base class: ``update`` one step at a time, ``reset`` to start over.
 
@@ -204,9 +214,27 @@ class Detector(abc.ABC):
     # until it says so (it must be cheap and must not change anything); defined by the class
     # itself, like ``inert_without``.
 
+    # Steps this detector was called with (``_n``, what its own code counts and reads), and, while an
+    # engine leaves it idle, the engine's count of skipped steps and where that count stood when it
+    # began (``_idle``, ``_idle_base``): ``n_updates`` adds the two up.
+    _n: int = 0
+    _idle: IdleCount | None = None
+    _idle_base: int = 0
+
     def __init__(self) -> None:
         self.context = RunContext()
         self.reset()
+
+    @property
+    def n_updates(self) -> int:
+        """Steps fed so far, whether it was called with them or an engine counted them for it."""
+        c = self._idle
+        return self._n if c is None else self._n + c.n - self._idle_base
+
+    @n_updates.setter
+    def n_updates(self, value: int) -> None:
+        c = self._idle
+        self._n = value if c is None else value - (c.n - self._idle_base)
 
     def start(self, context: RunContext) -> None:
         """Bind the run's facts and start from a fresh state."""
@@ -215,11 +243,12 @@ class Detector(abc.ABC):
 
     def reset(self) -> None:
         RESETS[0] += 1  # an engine that leaves settled detectors out asks them again
-        self.n_updates = 0
+        self._n = 0
+        self._idle = None
         self._reset()
 
     def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
-        self.n_updates += 1
+        self._n += 1
         return self._update(int(step), metrics, samples or ())
 
     @abc.abstractmethod

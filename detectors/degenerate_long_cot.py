@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Finding, Metrics, RunContext, Sample, slow_finite  # noqa: F401  (RunContext: doctest)
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
     EntropyTrack,
@@ -119,13 +119,14 @@ class DegenerateLongCot(EpisodeDetector):
         self._far_line = 0.0
         self._deques: tuple[Any, ...] = ()
 
-    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
         # The common step, entropy far below a rise outside any episode, whole in one call: what
-        # ``EpisodeDetector.update`` and ``_assess`` do for it, written out. Any other step goes the
+        # ``EpisodeDetector._step`` and ``_assess`` do for it, written out. Any other step goes the
         # general way.
-        h = metrics.get("entropy") if metrics.__class__ is dict else None
+        h = metrics.get("entropy")
         if (h.__class__ is float and 0.0 < h < self._far_line and self._settled and not self.in_episode
-                and step.__class__ is int and not samples and self.cap is not None and self.correctness.fixed):
+                and not samples and self.cap is not None and self.correctness.fixed):
+            self._n += 1
             mget = metrics.get
             hs, hv, ls, lv, cs_, cv, rs, rv, ts, tv = self._deques
             hs.append(step)
@@ -154,8 +155,12 @@ class DegenerateLongCot(EpisodeDetector):
             if t is not None:
                 ts.append(step)
                 tv.append(t)
-            return self._quiet_step(step, (self._far_evidence, h, self._far_base))
-        return EpisodeDetector.update(self, step, metrics, samples)
+            verdict = (self._far_evidence, h, self._far_base)
+            if self._pending or self.state != "ok":
+                return self._conclude(step, verdict)
+            self._evidence = verdict
+            return NOTHING
+        return EpisodeDetector._step(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         # Runs every step: each metric is read once, a finite plain float taken as it is (anything else

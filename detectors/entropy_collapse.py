@@ -13,8 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample, finite
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Finding, Metrics, Sample, finite
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, duplicate_key, get, groups_of
 from grpo_monitor.detectors.stats import Window, fin, mann_kendall, median
 
@@ -153,13 +153,14 @@ class EntropyCollapse(EpisodeDetector):
             self.pairs = self.pairs[::2]
             self._pair_stride *= 2
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
         ent = self.entropy
         base = ent.baseline.value
         if ent.base_step is None or base is None or samples:
-            return self._assess_settling(step, metrics, samples)
+            return EpisodeDetector._step(self, step, metrics, samples)
         # Once the baseline is set (nearly every step of a run), what ``_assess_settling`` does then,
-        # read straight from the metrics.
+        # read straight from the metrics, and ``EpisodeDetector._step``'s booking, in one call.
+        self._n += 1
         h = metrics.get("entropy")
         if h.__class__ is not float:
             h = finite(h)
@@ -216,14 +217,22 @@ class EntropyCollapse(EpisodeDetector):
                         self.pairs = pairs[::2]
                         self._pair_stride *= 2
         if h is None:
-            return None
+            return NOTHING
         if not self.in_episode:
             if base is not self._far_for:
                 self._far_for = base
                 self._far_line = 1.5 * self.trend_ratio * (base or 0.0)
             if h > self._far_line:
-                return (_far_evidence_of, self, h, base or 0.0)
-        return self._judge(step, h)
+                a = (_far_evidence_of, self, h, base or 0.0)
+                if not self._pending and self.state == "ok":
+                    self._evidence = a
+                    return NOTHING
+                return self._conclude(step, a)
+        return self._conclude(step, self._judge(step, h))
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        # Any step ``_step`` does not take whole (and every step of a subclass).
+        return self._assess_settling(step, metrics, samples)
 
     def _push_corroborator(self, c: _Corroborator, step: int, v: Any) -> bool:
         """``c.push`` of a metric's value once the entropy baseline is set; True when from then on a

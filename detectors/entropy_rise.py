@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Finding, Metrics, Sample
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, get
 from grpo_monitor.detectors.stats import fin, mad_sigma, mann_kendall, median
 from grpo_monitor.detectors.sudden_collapse import lowered_learning_rate
@@ -101,13 +101,15 @@ class EntropyRise(EpisodeDetector):
         self._since_rebase = 0
         self.confirm_steps = self.hold_steps
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | tuple | None:
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
         line = self._line
         h = metrics.get("entropy")
         if line is None or h.__class__ is not float or not 0.0 < h < _INF:
-            return self._assess_full(step, metrics)
-        # Once the line is fixed, a plain float entropy takes this path: the same pushes and checks
-        # as ``_assess_full``, inlined, since it runs at every step of the run.
+            return EpisodeDetector._step(self, step, metrics, samples)
+        # Once the line is fixed, a plain float entropy takes this path, whole in one call: the same
+        # pushes and checks as ``_assess_full``, inlined, and ``EpisodeDetector._step``'s booking,
+        # since it runs at every step of the run.
+        self._n += 1
         w = self._window
         w.steps.append(step)
         w.values.append(h)
@@ -151,8 +153,16 @@ class EntropyRise(EpisodeDetector):
                     line = self._rebase()
         base = self._base or 0.0
         if h < line and quiet:
-            return (_healthy_evidence, h, base, line)
-        return self._judge(step, h, base, line)
+            a = (_healthy_evidence, h, base, line)
+            if self.state == "ok":
+                self._evidence = a
+                return NOTHING
+            return self._conclude(step, a)
+        return self._conclude(step, self._judge(step, h, base, line))
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | tuple | None:
+        # Any step ``_step`` does not take whole (and every step of a subclass).
+        return self._assess_full(step, metrics)
 
     def _assess_full(self, step: int, metrics: Metrics) -> Assessment | tuple | None:
         tr = self.entropy

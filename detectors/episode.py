@@ -19,6 +19,8 @@ from grpo_monitor.detectors.stats import tidy
 from grpo_monitor.detectors.variants import preset
 
 STATES = ("warming_up", "ok", "warning", "critical")
+# What an engine entry returns for a step that raises nothing.
+NOTHING: tuple[Finding, ...] = ()
 
 
 class Assessment:
@@ -106,9 +108,10 @@ class EpisodeDetector(Detector):
             # access per code object, and one ``update`` shared by a dozen classes, all called at
             # every step, keeps missing those caches (about half its cost).
             cls.update = _own_copy(EpisodeDetector.update)  # type: ignore[method-assign]
-        if "_quiet_step" not in cls.__dict__:
-            # The same for the healthy-step ending that classes with their own fast ``update`` call.
-            cls._quiet_step = _own_copy(EpisodeDetector._quiet_step)  # type: ignore[method-assign]
+        if is_fused_update(cls.update) and "_step" not in cls.__dict__:
+            # The same for the step it hands on (a subclass of a class with its own ``_step`` gets
+            # this one back: it may assess differently).
+            cls._step = _own_copy(EpisodeDetector._step)  # type: ignore[method-assign]
 
     @property
     def last_evidence(self) -> dict[str, Any]:
@@ -161,8 +164,7 @@ class EpisodeDetector(Detector):
                 and cfg.get("importance_sampling_level") != "sequence")
 
     def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
-        # ``Detector.update`` and ``_update`` in one call: this runs for every detector at every step.
-        self.n_updates += 1
+        # ``Detector.update`` and ``_update`` in one call: the step as ``_step`` takes it.
         if step.__class__ is not int:
             step = int(step)
         if metrics.__class__ is not dict and not isinstance(metrics, Mapping):
@@ -172,7 +174,26 @@ class EpisodeDetector(Detector):
         if not cs or step > cs[-1]:  # StepClock.tick
             cs.append(step)
             clock._gap = None
+        out = self._step(step, metrics, samples)
+        return out if out.__class__ is list else [*out]
+
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
+        """One step, counted, assessed and booked: ``step`` an int, ``metrics`` a mapping, and the step
+        clock already ticked (by ``update``, ``replay_steps``, or the engine that shares it). Returns the
+        findings raised, ``NOTHING`` when none (an engine only extends its list with them).
+
+        ``Engine.update`` calls it directly on its common path. A class may write its own that takes
+        its commonest step whole, in one call (booking a healthy verdict as below), and hands any other
+        step to this one; its subclasses get this one back (they may assess differently)."""
+        self._n += 1
         a = self._assess(step, metrics, samples or ())
+        if a.__class__ is tuple and not (self.in_episode or self._pending) and self.state == "ok":
+            self._evidence = a  # a healthy verdict on a healthy run: nothing else changes
+            return NOTHING
+        return self._conclude(step, a)
+
+    def _conclude(self, step: int, a: Assessment | tuple[Any, ...] | None) -> Sequence[Finding]:
+        """The bookkeeping of one assessment (``_step`` less the count)."""
         if a.__class__ is tuple:
             self._evidence = a
             if not self.in_episode:
@@ -180,33 +201,17 @@ class EpisodeDetector(Detector):
                 if self._pending:  # nothing is pending otherwise (no onset either)
                     self._pending = 0
                     self._pending_onset = None
-                return []
-            return self._settle(step, Assessment(0, a))
+                return NOTHING
+            return self._settle(step, Assessment(0, a))  # type: ignore[arg-type]
         if a is None:
-            return []
-        self._evidence = a.evidence
-        if a.level == 0 and not self.in_episode:
-            self.state = "warming_up" if a.warming_up else "ok"
+            return NOTHING
+        self._evidence = a.evidence  # type: ignore[union-attr]
+        if a.level == 0 and not self.in_episode:  # type: ignore[union-attr]
+            self.state = "warming_up" if a.warming_up else "ok"  # type: ignore[union-attr]
             self._pending = 0
             self._pending_onset = None
-            return []
-        return self._settle(step, a)
-
-    def _quiet_step(self, step: int, evidence: Any) -> list[Finding]:
-        """What ``update`` does with a step assessed healthy outside any episode (``step`` an int), for
-        a subclass whose own ``update`` takes its commonest step in one call: the bookkeeping lives
-        here once, not in a copy per subclass."""
-        self.n_updates += 1
-        clock = self.clock
-        cs = clock._steps
-        if not cs or step > cs[-1]:  # StepClock.tick, inlined as in ``update``
-            cs.append(step)
-            clock._gap = None
-        self._evidence = evidence
-        self.state = "ok"
-        self._pending = 0
-        self._pending_onset = None
-        return []
+            return NOTHING
+        return self._settle(step, a)  # type: ignore[arg-type]
 
     def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
@@ -235,15 +240,13 @@ class EpisodeDetector(Detector):
         Exactly ``update`` step by step (same state, same findings), without its per-step calls.
         """
         found: list[tuple[int, list[Finding]]] = []
-        assess = self._assess
+        step_fn = self._step
         clock = self.clock
         i = -1
         try:
             for i, (step, metrics) in enumerate(steps):
-                self.n_updates += 1
                 if type(step) is not int:
                     step = int(step)
-                smp = samples[i] if samples is not None else None
                 if type(metrics) is not dict and not isinstance(metrics, Mapping):
                     metrics = {}
                 # StepClock.tick, inlined
@@ -251,27 +254,9 @@ class EpisodeDetector(Detector):
                 if not cs or step > cs[-1]:
                     cs.append(step)
                     clock._gap = None
-                a = assess(step, metrics, smp or ())
-                if a is None:
-                    continue
-                if type(a) is tuple:
-                    self._evidence = a
-                    if not self.in_episode:
-                        self.state = "ok"
-                        if self._pending:  # nothing is pending otherwise (no onset either)
-                            self._pending = 0
-                            self._pending_onset = None
-                        continue
-                    a = Assessment(0, a)
-                self._evidence = a.evidence
-                if a.level == 0 and not self.in_episode:
-                    self.state = "warming_up" if a.warming_up else "ok"
-                    self._pending = 0
-                    self._pending_onset = None
-                    continue
-                out = self._settle(step, a)
+                out = step_fn(step, metrics, samples[i] if samples is not None else None)
                 if out:
-                    found.append((i, out))
+                    found.append((i, list(out)))
         except Exception as exc:  # reported to the caller, which disables the detector as ``Engine.update`` does
             return found, (i, exc)
         return found, None

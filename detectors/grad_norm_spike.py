@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Metrics, Sample
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import get
 from grpo_monitor.detectors.stats import MAD_SCALE, fin, mad_of_sorted, median
 from grpo_monitor.detectors.sudden_collapse import lowered_learning_rate
@@ -104,6 +104,14 @@ class GradNormSpike(EpisodeDetector):
         self._line = med + max(math.log(self.ratio), self.z * self._sigma)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | tuple | None:
+        return GradNormSpike._step(self, step, metrics, samples, False)  # type: ignore[return-value]
+
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None, book: bool = True) -> Any:
+        # One body for the assessment (``book`` False: ``_assess``, which subclasses build on) and the
+        # whole step (True: counted and booked as ``EpisodeDetector._step`` would, in one call, for
+        # the engine and ``update``): this runs at every step of the run.
+        if book:
+            self._n += 1
         mget = metrics.get
         g = mget("grad_norm")
         if g.__class__ is not float:
@@ -130,7 +138,7 @@ class GradNormSpike(EpisodeDetector):
         else:
             c_now = None
         if g is None or g <= 0.0:
-            return None  # a gap; a zero gradient is no_learning_signal's finding
+            return NOTHING if book else None  # a gap; a zero gradient is no_learning_signal's finding
         lg = _log(g)
         self.n = n = self.n + 1
         # A coarse log's points each stand for several steps: fewer of them make the trailing median
@@ -141,7 +149,8 @@ class GradNormSpike(EpisodeDetector):
                 self.logs.append(lg)
                 if n == warm:
                     self._refresh()
-                return Assessment(warming_up=True, evidence={"grad_norm": g, "points": n})
+                a = Assessment(warming_up=True, evidence={"grad_norm": g, "points": n})
+                return self._conclude(step, a) if book else a
         line = self._line
         if lg <= line:
             self._last_spike = False
@@ -151,8 +160,15 @@ class GradNormSpike(EpisodeDetector):
                 self._refresh()
                 line = self._line
             if not self.in_episode and not self._pending:
-                return (_healthy_evidence, g, line)
-            return self._judge(step, g, False, metrics)
+                a = (_healthy_evidence, g, line)
+                if not book:
+                    return a
+                if self.state == "ok":
+                    self._evidence = a
+                    return NOTHING
+                return self._conclude(step, a)
+            a = self._judge(step, g, False, metrics)
+            return self._conclude(step, a) if book else a
         # A spike: kept out of the trailing statistics, so a burst does not raise its own line.
         if not self._recent_spikes(step):
             vals = list(self.rewards)[-16:]
@@ -169,7 +185,8 @@ class GradNormSpike(EpisodeDetector):
             self.spikes.append((step, ratio, clip))
         self._last_spike = True
         self._last_step = step
-        return self._judge(step, g, True, metrics)
+        a = self._judge(step, g, True, metrics)
+        return self._conclude(step, a) if book else a
 
     def _clip_spiked(self, c: float | None) -> bool:
         """The clip ratio well above its own recent level at the spike (clipping bursting with the gradient)."""

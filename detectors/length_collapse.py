@@ -3,10 +3,12 @@
 Users report mean completion length falling steadily (387 -> 190 tokens within three logs, down to
 one-token answers under a shaped reward) while accuracy stays flat or falls. A shrink while
 correctness rises is usually healthy (early format learning trims rambling; concise answers), so
-correctness decides. Where a reward component pays for shortness and rises as length falls, the run
-is doing what its reward asks: whether that reward is a proxy is ``reward_component_divergence``'s
-question. Length falling under a high truncation share is the cap's doing (short answers are the only
-ones that finish), and the cure there is a larger ``max_completion_length``.
+correctness decides; the rise has to be significant, judged against a noise estimate that rests on
+the whole recent window and not only on the few early points of a coarse log. Where a reward
+component pays for shortness and rises as length falls, the run is doing what its reward asks:
+whether that reward is a proxy is ``reward_component_divergence``'s question. Length falling under a
+high truncation share is the cap's doing (short answers are the only ones that finish), and the cure
+there is a larger ``max_completion_length``.
 
 The early level is the median over a stretch of training after a short warm-up; the recent level is a
 median of the last points (a one-step dip never counts), held over ``hold_steps`` of training.
@@ -17,11 +19,12 @@ scaling of advantages): recommended unless the run already trains that way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Finding, Metrics, Sample, slow_finite
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import CorrectnessSource, get, is_length_name, reward_names_in
 from grpo_monitor.detectors.stats import Window, fin, mad_sigma, median
 
@@ -99,16 +102,17 @@ class LengthCollapse(EpisodeDetector):
         self._correct_steps, self._correct_values = self.correct.steps, self.correct.values
         self._clipped_steps, self._clipped_values = self.clipped.steps, self.clipped.values
 
-    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
         # The common step, healthy and outside any episode, whole in one call: what
-        # ``EpisodeDetector.update`` and ``_assess`` do for it, written out. Any other step (an
+        # ``EpisodeDetector._step`` and ``_assess`` do for it, written out. Any other step (an
         # episode or a confirmation under way, a length near the line, a value that is not a finite
         # plain float, the warm-up) goes the general way.
-        L = metrics.get("completions/mean_length") if metrics.__class__ is dict else None
+        L = metrics.get("completions/mean_length")
         if (L.__class__ is float and L > self._line and L - L == 0.0 and not self.in_episode and not self._pending
-                and step.__class__ is int and self.base is not None and not self.shaping and self.correctness.fixed):
+                and self.base is not None and not self.shaping and self.correctness.fixed):
             c = metrics.get("completions/clipped_ratio")
             if c is None or (c.__class__ is float and c - c == 0.0):
+                self._n += 1
                 r = metrics.get(self.correctness.key)
                 if r.__class__ is not float or r - r != 0.0:
                     r = slow_finite(r)
@@ -120,8 +124,12 @@ class LengthCollapse(EpisodeDetector):
                 if c is not None:
                     self._clipped_steps.append(step)
                     self._clipped_values.append(c)
-                return self._quiet_step(step, (_far_evidence, L, self.base))
-        return EpisodeDetector.update(self, step, metrics, samples)
+                verdict = (_far_evidence, L, self.base)
+                if self.state != "ok":
+                    return self._conclude(step, verdict)
+                self._evidence = verdict
+                return NOTHING
+        return EpisodeDetector._step(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         # Runs every step: each metric is read once (a finite plain float taken as it is, anything
@@ -225,7 +233,10 @@ class LengthCollapse(EpisodeDetector):
         return Assessment(level=level, evidence=ev, onset_step=self._onset())
 
     def _correctness(self, ev: dict[str, Any], k: int) -> str:
-        """'rising', 'flat' or 'falling' against the early level, beyond the early noise."""
+        """'rising', 'flat' or 'falling' against the early level, beyond the noise.
+
+        Called only once a shrink is judged, never on the common step.
+        """
         if self.cor_base is None or len(self.correct) < 3:
             ev["correctness"] = None
             return "flat"
@@ -234,12 +245,45 @@ class LengthCollapse(EpisodeDetector):
         base = self.cor_base
         # Both medians carry noise (a median's standard error is about 1.25 sigma / sqrt(n)): a change
         # within 2.5 standard errors of their difference, or 5% of the level, is flat.
-        se = 1.25 * self.cor_sigma * (1.0 / max(self._n_base_cor, 1) + 1.0 / n) ** 0.5
-        tol = max(2.5 * se, 0.05 * max(abs(base), 0.1))
-        ev["correctness"] = {"metric": self.correctness.key, "recent": fin(now), "early": fin(base), "tolerance": fin(tol)}
-        if now > base + tol:
+        scale = 1.25 * (1.0 / max(self._n_base_cor, 1) + 1.0 / n) ** 0.5
+        floor = 0.05 * max(abs(base), 0.1)
+        tol = max(2.5 * self.cor_sigma * scale, floor)
+        # "Rising" excuses the shrink, so it must be significant against a sigma that can bear the
+        # weight. The early spread alone can't: on a coarse log the early level is the median of as
+        # few as three points, whose MAD comes out anywhere from near zero (one noisy point then
+        # reads as a rise) to twice the truth. The window's point-to-point noise adds up to 31 more
+        # degrees of freedom; the two robust estimates are pooled by their degrees of freedom. A
+        # fine log's early spread already rests on ~20 points and keeps most of its weight.
+        # Falling keeps the early tolerance: it only escalates an alarm already raised.
+        noise, df = self._point_noise()
+        df0 = max(self._n_base_cor - 1, 1)
+        sigma = ((df0 * self.cor_sigma**2 + df * noise**2) / (df0 + df)) ** 0.5
+        tol_up = max(2.5 * sigma * scale, floor)
+        ev["correctness"] = {"metric": self.correctness.key, "recent": fin(now), "early": fin(base), "tolerance": fin(tol),
+                             "rising_tolerance": fin(tol_up), "sigma": fin(sigma)}
+        if now > base + tol_up:
             return "rising"
         return "falling" if now < base - tol else "flat"
+
+    def _point_noise(self) -> tuple[float, int]:
+        """Robust sigma of correctness from successive differences across the window, and its
+        degrees of freedom: the MAD of the differences about their median (a steady trend shifts
+        every difference alike and drops out) over sqrt(2) (a difference of two independent points
+        has twice the variance of one).
+
+        >>> noisy = [0.40, 0.44, 0.36, 0.42, 0.38, 0.41, 0.37, 0.43]
+        >>> flat, climbing = LengthCollapse(), LengthCollapse()
+        >>> for i, v in enumerate(noisy):
+        ...     flat.correct.push(i, v)
+        ...     climbing.correct.push(i, v + 0.02 * i)
+        >>> [(round(s, 3), df) for s, df in (flat._point_noise(), climbing._point_noise())]
+        [(0.031, 6), (0.031, 6)]
+        """
+        vals = list(self.correct.values)
+        if len(vals) < 3:
+            return 0.0, 0
+        diffs = [b - a for a, b in zip(vals, vals[1:])]
+        return mad_sigma(diffs) / math.sqrt(2.0), len(diffs) - 1
 
     def _length_reward_rising(self, ev: dict[str, Any]) -> bool:
         if not self.shaping:

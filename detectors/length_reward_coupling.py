@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Finding, Metrics, Sample, slow_finite
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
     EntropyTrack,
@@ -138,16 +138,14 @@ class LengthRewardCoupling(EpisodeDetector):
         if bad:
             self.len_incorrect.push(step, sum(bad) / len(bad))
 
-    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
         # The common step, a length far below the level or a recent median still under it, outside
-        # any episode, whole in one call: what ``EpisodeDetector.update`` and ``_assess`` do for it,
+        # any episode, whole in one call: what ``EpisodeDetector._step`` and ``_assess`` do for it,
         # written out. Any other step goes the general way.
-        L = metrics.get("completions/mean_length") if metrics.__class__ is dict else None
+        L = metrics.get("completions/mean_length")
         line = self._far_line
         if (L.__class__ is float and line is not None and 0.0 < L and not self.in_episode
-                and step.__class__ is int and not samples and self.correctness.fixed):
-            clock = self.clock
-            clock.tick(step)  # before ``gap`` is read; the tick of the general way or of ``_quiet_step`` then does nothing
+                and not samples and self.correctness.fixed):
             if L < line:
                 verdict = (self._far_evidence, L, self._far_base)
             else:
@@ -155,21 +153,35 @@ class LengthRewardCoupling(EpisodeDetector):
                 # worked out before anything is pushed so that any other verdict can go the general way.
                 base = self.length.baseline.value
                 if L - L != 0.0 or base is None or len(self._correct_values) < self.min_points:
-                    return EpisodeDetector.update(self, step, metrics, samples)
-                gap = clock.gap
+                    return EpisodeDetector._step(self, step, metrics, samples)
+                clock = self.clock
+                gap = clock._gap  # worked out once per point, by whichever detector asks first
+                if gap is None:
+                    gap = clock.gap
                 k = 3 if gap <= 2 else 2
                 vals = self._length_values
                 n = len(vals)
-                s = sorted([*vals, L] if k > n else [vals[i] for i in range(n - k + 1, n)] + [L])
-                m = len(s)
-                mid = m // 2
-                recent = (s[mid] if m % 2 else 0.5 * (s[mid - 1] + s[mid])) or 0.0
+                # ``Window.recent_median(k)`` with this point: the median of three, or the mean of two.
+                if k == 3 and n >= 2:
+                    a, b = vals[-2], vals[-1]
+                    if b < a:
+                        a, b = b, a
+                    recent = (a if L < a else L if L < b else b) or 0.0
+                elif k == 2 and n >= 1:
+                    b = vals[-1]
+                    recent = (0.5 * (b + L) if b <= L else 0.5 * (L + b)) or 0.0
+                else:
+                    s = sorted([*vals, L])
+                    m = len(s)
+                    mid = m // 2
+                    recent = (s[mid] if m % 2 else 0.5 * (s[mid - 1] + s[mid])) or 0.0
                 base = base or 0.0
                 ratio = recent / base if base > 0 else 0.0
                 if not ratio < self.level_ratio * 1.0:
-                    return EpisodeDetector.update(self, step, metrics, samples)
+                    return EpisodeDetector._step(self, step, metrics, samples)
                 self.confirm_steps = 20 if gap <= 2 else 10
                 verdict = (self._level_evidence, recent, base, ratio)
+            self._n += 1
             mget = metrics.get
             entropy = self.entropy
             h = mget("entropy")
@@ -199,8 +211,11 @@ class LengthRewardCoupling(EpisodeDetector):
                 self._reward_values.append(tot)
             self._length_steps.append(step)
             self._length_values.append(L)
-            return self._quiet_step(step, verdict)
-        return EpisodeDetector.update(self, step, metrics, samples)
+            if self._pending or self.state != "ok":
+                return self._conclude(step, verdict)
+            self._evidence = verdict
+            return NOTHING
+        return EpisodeDetector._step(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         # Runs every step: each metric is read once (a finite plain float taken as it is, anything

@@ -52,7 +52,7 @@ class MoeModelDetected(Detector):
 
     def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
         # ``Detector.update`` written out: once raised, every later step is this one test.
-        self.n_updates += 1
+        self._n += 1
         if type(step) is not int:
             step = int(step)
         if self.raised:

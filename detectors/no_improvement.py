@@ -118,7 +118,7 @@ class NoImprovement(Detector):
         # ``Detector.update`` and ``_update`` in one: this runs at every step, and most steps only add to
         # the open block. Each metric is read once; a finite plain float is taken as it is, anything
         # else goes the careful way.
-        self.n_updates += 1
+        self._n += 1
         if step.__class__ is not int:
             step = int(step)
         mget = metrics.get
@@ -175,7 +175,7 @@ class NoImprovement(Detector):
         return self._close(step)
 
     def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
-        self.n_updates -= 1  # ``update`` counts the step
+        self._n -= 1  # ``update`` counts the step
         return self.update(step, metrics, samples)
 
     def _close(self, step: int) -> list[Finding]:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Metrics, Sample, finite
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import EntropyTrack, get
 from grpo_monitor.detectors.stats import Window, fin
 from grpo_monitor.detectors.sudden_collapse import REMEDY, lowered_learning_rate
@@ -110,6 +110,14 @@ class NoLearningSignal(EpisodeDetector):
         return out
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        return NoLearningSignal._step(self, step, metrics, samples, False)  # type: ignore[no-any-return]
+
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None, book: bool = True) -> Any:
+        # One body for the assessment (``book`` False: ``_assess``, which subclasses build on) and the
+        # whole step (True: counted and booked as ``EpisodeDetector._step`` would, in one call, for
+        # the engine and ``update``): this runs at every step of the run.
+        if book:
+            self._n += 1
         entropy = self.entropy
         if entropy.baseline.value is None:
             if entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
@@ -117,7 +125,7 @@ class NoLearningSignal(EpisodeDetector):
             fz = get(metrics, "frac_reward_zero_std")
             conds, measured = self._conditions(metrics, fz)
             if not measured:
-                return None
+                return NOTHING if book else None
         else:
             # Nearly every step: ``push_metrics`` and ``_conditions`` read straight from the metrics.
             g = metrics.get
@@ -155,7 +163,7 @@ class NoLearningSignal(EpisodeDetector):
                     or (rs is not None and gn is not None and rs <= 1e-6 and gn <= 1e-8)):
                 conds = self._conditions_of(fz, cr, rs, gn)
             elif fz is None and cr is None and (rs is None or gn is None):
-                return None  # nothing measurable
+                return NOTHING if book else None  # nothing measurable
             else:
                 conds = ()  # no condition can hold (read only as "none": no list for the common case)
         r = metrics.get("reward")
@@ -184,7 +192,13 @@ class NoLearningSignal(EpisodeDetector):
             if self._run:
                 self._run = 0
             if not self.in_episode:
-                return self._healthy
+                a = self._healthy
+                if not book:
+                    return a
+                if not self._pending and self.state == "ok":
+                    self._evidence = a
+                    return NOTHING
+                return self._conclude(step, a)
             run = 0
         k = self.persist_points
         # The flagged run must also cover persist_steps of training (a coarse point covers several).
@@ -229,7 +243,8 @@ class NoLearningSignal(EpisodeDetector):
             if long_sustained or (self.episode_len >= 1 and sum(1 for v in flags.last(need) if v >= 2) == need):
                 level = 2
         onset = flags.steps[-run] if run and level else None
-        return Assessment(level=level, evidence=ev, onset_step=onset)
+        a = Assessment(level=level, evidence=ev, onset_step=onset)
+        return self._conclude(step, a) if book else a
 
     def _overrides(self) -> dict[str, Any]:
         if not self.lost:

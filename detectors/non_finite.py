@@ -11,8 +11,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_int
+from grpo_monitor.detectors.base import Finding, Metrics, Sample
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_int
 
 WATCHED = ("loss", "grad_norm", "entropy", "reward", "reward_std", "kl", "policy_loss", "aux_loss")
 
@@ -71,6 +71,20 @@ class NonFinite(EpisodeDetector):
         self.run = 0
         self.first_step: int | None = None
         self.state = "ok"
+
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
+        # A clean step after a clean step changes nothing but the count: the fast test of ``_assess``
+        # below, and none of the bookkeeping ``EpisodeDetector._step`` would redo.
+        if self._evidence is _HEALTHY and not self.in_episode and not self._pending and self.state == "ok":
+            try:
+                s = sum(metrics.values())
+                clean = s - s == 0.0
+            except Exception:  # noqa: BLE001 - any odd value: the exact path decides
+                clean = False
+            if clean is True and metrics.get("loss").__class__ is float:
+                self._n += 1
+                return NOTHING
+        return EpisodeDetector._step(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         # The healthy step in a few C calls: a plain sum is NaN or inf when any float in it is (a finite

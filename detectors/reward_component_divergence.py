@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Metrics, RunContext, Sample, slow_finite  # noqa: F401  (RunContext: doctest)
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
     LevelTrack,
@@ -95,6 +95,14 @@ class RewardComponentDivergence(EpisodeDetector):
         self._c_values = self.correct.window.values
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        return RewardComponentDivergence._step(self, step, metrics, samples, False)  # type: ignore[no-any-return]
+
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None, book: bool = True) -> Any:
+        # One body for the assessment (``book`` False: ``_assess``, which subclasses build on) and the
+        # whole step (True: counted and booked as ``EpisodeDetector._step`` would, in one call, for
+        # the engine and ``update``): this runs at every step of the run.
+        if book:
+            self._n += 1
         # Runs every step: metric reads, window pushes and the ceiling test are written out in place.
         source = self.correctness
         if source.fixed:
@@ -117,7 +125,7 @@ class RewardComponentDivergence(EpisodeDetector):
                 w.values.append(c)
         # Rescan the keys for components only when their number changes (or now and then).
         correct_name = source.name
-        if len(metrics) != self._nkeys or self.n_updates % 64 == 0 or correct_name != self._names_for:
+        if len(metrics) != self._nkeys or self._n % 64 == 0 or correct_name != self._names_for:
             self._nkeys = len(metrics)
             self._names_for = correct_name
             self._names = [[n, f"rewards/{n}/mean", self._comps.get(n)]
@@ -190,22 +198,31 @@ class RewardComponentDivergence(EpisodeDetector):
                         need = max(comp.noise, self.rise * max(abs(b), abs(v)))
                         worth = v - b >= 0.5 * need
         if c is None and not pushed:
-            return None
+            return NOTHING if book else None
         if not live:
             if correct_name is None:
-                return Assessment(level=0, evidence={"reason": "no correctness component among the rewards"})
+                a = Assessment(level=0, evidence={"reason": "no correctness component among the rewards"})
+                return self._conclude(step, a) if book else a
             if not self._any_ready:
                 self._any_ready = any(t.ready for t in self.components.values())
             if correct.baseline.value is None or not self._any_ready:
-                return Assessment(warming_up=True)
+                a = Assessment(warming_up=True)
+                return self._conclude(step, a) if book else a
             # A correctness component, its baseline and a tracked component's: none of these is ever undone.
             self._live = True
         if not self.in_episode:
             if pushed < len(self.components):  # a component absent this step: its latest value counts too
                 worth = self._worth_judging()
             if not worth:
-                return self._quiet_t
-        return self._judge(step)
+                a = self._quiet_t
+                if not book:
+                    return a
+                if not self._pending and self.state == "ok":  # outside any episode here
+                    self._evidence = a
+                    return NOTHING
+                return self._conclude(step, a)
+        a = self._judge(step)
+        return self._conclude(step, a) if book else a
 
     def _new_component(self, name: str) -> _Component | None:
         if len(self.components) >= self.max_components:

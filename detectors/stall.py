@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Finding, Metrics, Sample
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import get
 from grpo_monitor.detectors.stats import fin, median
 
@@ -143,35 +143,37 @@ class Stall(EpisodeDetector):
                 return what
         return None
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
         # The common case first: every clock logged is a plain float below its stall line, no save or
         # evaluation in the interval, both medians known. Checked before anything changes, then
-        # done as ``_assess_full`` would; anything else goes there.
+        # done as ``_assess_full`` would and booked as ``EpisodeDetector._step`` would, in one call;
+        # anything else goes that way.
         mget = metrics.get
         w = mget(WALL)
         st = mget(STEP_TIME)
         prev = self.prev_step
         if prev is None or step <= prev or (w is None and st is None):
-            return self._assess_full(step, metrics)
+            return EpisodeDetector._step(self, step, metrics, samples)
         per = None
         if w is not None:
             pw = self.prev_wall
             lim = self._wall_lim
             if w.__class__ is not float or pw is None or lim is None or not pw <= w:
-                return self._assess_full(step, metrics)
+                return EpisodeDetector._step(self, step, metrics, samples)
             per = (w - pw) / (step - prev)
             if not per < lim:
-                return self._assess_full(step, metrics)
+                return EpisodeDetector._step(self, step, metrics, samples)
             e = self.save_every
             if e is not None and (step - 1) // e > (prev - 1) // e:
-                return self._assess_full(step, metrics)
+                return EpisodeDetector._step(self, step, metrics, samples)
             e = self.eval_every
             if e is not None and (step - 1) // e > (prev - 1) // e:
-                return self._assess_full(step, metrics)
+                return EpisodeDetector._step(self, step, metrics, samples)
         if st is not None:
             lim = self._step_lim
             if st.__class__ is not float or lim is None or not 0.0 <= st < lim:
-                return self._assess_full(step, metrics)
+                return EpisodeDetector._step(self, step, metrics, samples)
+        self._n += 1
         self.prev_step = step
         self.prev_wall = w
         if per is not None:
@@ -195,7 +197,14 @@ class Stall(EpisodeDetector):
             ok = self._ok = Assessment(level=0, evidence={
                 "median_step_s": fin(self._wall_med if self._wall_med is not None else self._step_med), "k": self.k,
                 "min_stall_s": self.min_stall_s})
-        return ok
+        if not (self.in_episode or self._pending) and self.state == "ok":
+            self._evidence = ok.evidence
+            return NOTHING
+        return self._conclude(step, ok)
+
+    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        # Any step ``_step`` does not take whole (and every step of a subclass).
+        return self._assess_full(step, metrics)
 
     def _limits(self) -> None:
         m = self._wall_med

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Metrics, Sample, finite
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import fair_sample, sample_top_word_share
 from grpo_monitor.detectors.stats import Window, fin, median
 
@@ -301,13 +301,21 @@ class SuddenCollapse(EpisodeDetector):
     # -- per step ---------------------------------------------------------------------------------
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        return SuddenCollapse._step(self, step, metrics, samples, False)  # type: ignore[no-any-return]
+
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None, book: bool = True) -> Any:
+        # One body for the assessment (``book`` False: ``_assess``, which subclasses build on) and the
+        # whole step (True: counted and booked as ``EpisodeDetector._step`` would, in one call, for
+        # the engine and ``update``): this runs at every step of the run.
+        if book:
+            self._n += 1
         r = metrics.get("reward")
         if r.__class__ is not float:
             r = finite(r)
             if r is None:
-                return None
+                return NOTHING if book else None
         elif not r - r == 0.0:  # NaN or inf
-            return None
+            return NOTHING if book else None
         first = self.first
         if len(first) < 3:
             first.append(r)
@@ -401,15 +409,29 @@ class SuddenCollapse(EpisodeDetector):
             # Read the text only while the reward is down: healthy steps stay cheap.
             self.rep_recent = single_token_share(samples)
         if not ready:
-            return Assessment(warming_up=True, evidence={"reward": fin(r), "points": len(self.rewards)})
+            a = Assessment(warming_up=True, evidence={"reward": fin(r), "points": len(self.rewards)})
+            return self._conclude(step, a) if book else a
         if not self.crash_n:
             if not exact:
-                return (_unjudged_evidence, self, r, self.best, self.best_step, best)
-            return (_healthy_evidence, self, r, self.best, self.best_step, line, sigma, scale)
+                a = (_unjudged_evidence, self, r, self.best, self.best_step, best)
+                if not book:
+                    return a
+                if not (self.in_episode or self._pending) and self.state == "ok":
+                    self._evidence = a
+                    return NOTHING
+                return self._conclude(step, a)
+            a = (_healthy_evidence, self, r, self.best, self.best_step, line, sigma, scale)
+            if not book:
+                return a
+            if not (self.in_episode or self._pending) and self.state == "ok":
+                self._evidence = a
+                return NOTHING
+            return self._conclude(step, a)
         ev = self._evidence_of(r, self.best, self.best_step, line, sigma, scale)
         if not self.sudden or self.degenerating:
             ev["decline"] = "after_degeneration" if self.sudden else "gradual"
-            return Assessment(level=0, evidence=ev)
+            a = Assessment(level=0, evidence=ev)
+            return self._conclude(step, a) if book else a
         last = self.healthy_step
         ev["last_healthy_step"] = last
         ev["crash_points"] = self.crash_n
@@ -438,7 +460,8 @@ class SuddenCollapse(EpisodeDetector):
         else:
             level = 0
         onset = last if last is not None else self.crash_first
-        return Assessment(level=level, evidence=ev, onset_step=onset if level else None)
+        a = Assessment(level=level, evidence=ev, onset_step=onset if level else None)
+        return self._conclude(step, a) if book else a
 
     def _evidence_of(self, r: float, best: float | None, best_step: int | None, line: float, sigma: float,
                      scale: float) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Finding, Metrics, Sample
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
 from grpo_monitor.detectors.signals import fair_sample, get, reward_names_in, sample_reward
 from grpo_monitor.detectors.stats import fin, mad_sigma, median
 
@@ -106,12 +106,12 @@ class Truncation(EpisodeDetector):
 
     # -- per step ---------------------------------------------------------------------------------
 
-    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
+    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
         # The common step, little truncated and outside any episode, whole in one call: what
-        # ``EpisodeDetector.update`` and ``_assess`` do for it, written out. Any other step goes the
+        # ``EpisodeDetector._step`` and ``_assess`` do for it, written out. Any other step goes the
         # general way.
-        cr = metrics.get(_KEY) if metrics.__class__ is dict else None
-        if cr.__class__ is float and 0.0 <= cr <= 1.0 and not self.in_episode and step.__class__ is int:
+        cr = metrics.get(_KEY)
+        if cr.__class__ is float and 0.0 <= cr <= 1.0 and not self.in_episode:
             cuts = self.cuts
             level = self.level
             n_high = self.n_high
@@ -120,6 +120,7 @@ class Truncation(EpisodeDetector):
             if cr >= level:
                 n_high += 1
             if n_high < 2:
+                self._n += 1
                 self.n_high = n_high
                 cuts.append(cr)
                 self.cut_steps.append(step)
@@ -131,8 +132,11 @@ class Truncation(EpisodeDetector):
                     early.append(cr)
                 if cr < 0.5 * level:
                     self.low.append(metrics)
-                return self._quiet_step(step, _OK.evidence)
-        return EpisodeDetector.update(self, step, metrics, samples)
+                if self._pending or self.state != "ok":
+                    return self._conclude(step, _OK)
+                self._evidence = _OK.evidence
+                return NOTHING
+        return EpisodeDetector._step(self, step, metrics, samples)
 
     def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         cr = metrics.get(_KEY)

@@ -11,8 +11,9 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import RESETS, Detector, Finding, RunContext
+from grpo_monitor.detectors.base import RESETS, Detector, Finding, IdleCount, RunContext
 from grpo_monitor.detectors.episode import EpisodeDetector, is_fused_update
+from grpo_monitor.detectors.signals import StepClock
 
 logger = logging.getLogger("grpo_monitor")
 _EPISODE_INNER = EpisodeDetector._update
@@ -61,6 +62,16 @@ class Engine:
         self._lean_counted: list[Detector] = []
         self._lean_ttl = 0
         self._lean_resets = -1
+        # Every detector sees every step, so their step clocks agree: on the common path the
+        # episode detectors whose clock matches share this one, which the engine ticks once per
+        # step (``_lean_own``: idle ones with a clock of their own, ticked one by one). Detectors
+        # driven one at a time over a whole run (``replay``) get their own copy back first.
+        self._clock: StepClock | None = None
+        self._lean_own: list[Detector] = []
+        # The detectors left idle count their skipped steps from one count the engine keeps
+        # (``IdleCount``), folded back into their own when they are called again.
+        self._idle_count = IdleCount()
+        self._idle_all: list[Detector] = []
 
     def _replan(self) -> None:
         self._plan_detectors = [d for d in self.detectors if d.id not in self.disabled]
@@ -76,6 +87,7 @@ class Engine:
         self._lean_keys = None
 
     def _relean(self, metrics: dict[Any, Any], has_samples: bool) -> None:
+        self._wake_idle()
         idle = set()
         self._lean_resets = RESETS[0]
         for d in self._inert:
@@ -96,60 +108,118 @@ class Engine:
         # Those not settled yet are asked again a few steps on (a settled one stays so while the
         # names stay: its steps change nothing).
         self._lean_ttl = _ASK_AGAIN if settling else 0
+        clock = self._share_clock()
         self._lean_detectors = [d for d in self._plan_detectors if id(d) not in idle]
-        self._lean_plan = [u for d, u in zip(self._plan_detectors, self._plan) if id(d) not in idle]
-        self._lean_idle = [d for d in self._plan_detectors if id(d) in idle and isinstance(d, EpisodeDetector)]
+        self._lean_plan = [d._step if _engine_entry(d, clock) else u  # type: ignore[attr-defined]
+                           for d, u in zip(self._plan_detectors, self._plan) if id(d) not in idle]
+        idle_episodes = [d for d in self._plan_detectors if id(d) in idle and isinstance(d, EpisodeDetector)]
+        self._lean_idle = [d for d in idle_episodes if d.clock is clock]
+        self._lean_own = [d for d in idle_episodes if d.clock is not clock]
         self._lean_counted = [d for d in self._plan_detectors if id(d) in idle and not isinstance(d, EpisodeDetector)]
+        count = self._idle_count
+        self._idle_all = [d for d in self._plan_detectors if id(d) in idle]
+        for d in self._idle_all:
+            d._idle, d._idle_base = count, count.n
         self._lean_keys = [*metrics]
         self._lean_has = has_samples
+
+    def _wake_idle(self) -> None:
+        """Fold the steps counted for the idle detectors into their own count (before they are
+        called again, or left idle anew)."""
+        count = self._idle_count
+        for d in self._idle_all:
+            if d._idle is count:  # not reset since
+                d._n += count.n - d._idle_base
+                d._idle = None
+        self._idle_all = []
+        self._lean_keys = None
+
+    def _leave_common(self) -> None:
+        """Before a step off the common path (or a replay) calls every detector itself."""
+        if self._idle_all:
+            self._wake_idle()
+        self._unshare_clock()
+
+    def _share_clock(self) -> StepClock:
+        """The engine's clock, shared with every episode detector whose own clock reads the same
+        (all of them, unless one was reset or driven alone); taken from the first one after a replay."""
+        clock = self._clock
+        episodes = [d for d in self._plan_detectors if isinstance(d, EpisodeDetector)
+                    and getattr(d, "clock", None).__class__ is StepClock]
+        if clock is None:
+            clock = self._clock = StepClock()
+            if episodes:
+                clock._steps.extend(episodes[0].clock._steps)  # type: ignore[attr-defined]
+        for d in episodes:
+            own = d.clock  # type: ignore[attr-defined]
+            if own is not clock and own._steps == clock._steps:
+                d.clock = clock  # type: ignore[attr-defined]
+        return clock
+
+    def _unshare_clock(self) -> None:
+        """Give every detector sharing the engine's clock a copy of its own (before they are driven
+        one at a time); the engine shares it anew on its next common step."""
+        clock = self._clock
+        if clock is None:
+            return
+        self._clock = None
+        self._lean_keys = None
+        for d in self.detectors:
+            if getattr(d, "clock", None) is clock:
+                own = StepClock()
+                own._steps.extend(clock._steps)
+                d.clock = own  # type: ignore[attr-defined]
 
     def update(
         self, step: int, metrics: Mapping[str, float | None], samples: Sequence[Mapping[str, Any]] | None = None
     ) -> list[Finding]:
         if self._plan_disabled != len(self.disabled) or self._plan_from != self.detectors:
             self._replan()
-        plan, planned = self._plan, self._plan_detectors
-        # A step that leaves some detectors inert (their inputs absent) is counted for them here,
-        # exactly as their ``update`` would count it, and they are not called. Only for the plain
-        # types, whose ``update`` does nothing else with them.
-        if self._inert and metrics.__class__ is dict and step.__class__ is int and (
+        # The common step (plain types, metric names and sample presence as before, no detector
+        # reset since): the plan without the detectors it leaves inert, whose step is counted here
+        # exactly as their ``update`` would count it, and one tick of the shared step clock.
+        if metrics.__class__ is dict and step.__class__ is int and (
                 samples is None or samples.__class__ is list or samples.__class__ is tuple):
-            has = bool(samples)
             try:
-                if has is not self._lean_has or [*metrics] != self._lean_keys or self._lean_resets != RESETS[0]:
-                    self._relean(metrics, has)
+                if (bool(samples) is not self._lean_has or [*metrics] != self._lean_keys
+                        or self._lean_resets != RESETS[0] or self._clock is None):
+                    self._relean(metrics, bool(samples))
                 elif self._lean_ttl:
                     self._lean_ttl -= 1
                     if not self._lean_ttl:
-                        self._relean(metrics, has)
+                        self._relean(metrics, bool(samples))
+                common = True
             except Exception:  # odd keys (an ``__eq__`` that raises): every detector is called
-                self._lean_keys = None
-                self._lean_idle = []
-                self._lean_counted = []
-            if self._lean_idle or self._lean_counted:
-                plan, planned = self._lean_plan, self._lean_detectors
-                for d in self._lean_counted:
-                    d.n_updates += 1
-                for d in self._lean_idle:
-                    d.n_updates += 1
-                    clock = d.clock  # type: ignore[attr-defined]
-                    cs = clock._steps
-                    if not cs or step > cs[-1]:  # StepClock.tick
-                        cs.append(step)
-                        clock._gap = None
+                self._leave_common()
+                common = False
+        else:
+            self._leave_common()
+            common = False
+        if common:
+            plan, planned = self._lean_plan, self._lean_detectors
+            clock = self._clock
+            cs = clock._steps  # type: ignore[union-attr]
+            if not cs or step > cs[-1]:  # StepClock.tick
+                cs.append(step)
+                clock._gap = None  # type: ignore[union-attr]
+            self._idle_count.n += 1
+            for d in self._lean_own:
+                clock = d.clock  # type: ignore[attr-defined]
+                cs = clock._steps
+                if not cs or step > cs[-1]:
+                    cs.append(step)
+                    clock._gap = None
+        else:
+            plan, planned = self._plan, self._plan_detectors
         raised: list[Finding] = []
-        # One handler around the whole loop (a handler per detector costs on every step); ``i``
-        # says which detector it was when one raises.
-        i = 0
+        # One handler around the whole loop (a handler per detector costs on every step); the
+        # ``update`` it was says which detector raised. ``+=`` is ``extend``: it raises for what a
+        # detector must not return (None, a number), which disables that detector.
         try:
             for update in plan:
-                out = update(step, metrics, samples)
-                if out:
-                    raised += out
-                elif out.__class__ is not list:
-                    raised += out  # what ``extend`` makes of it: raises for a non-iterable
-                i += 1
+                raised += update(step, metrics, samples)
         except Exception as exc:  # a broken detector must not take the others, or the run, down
+            i = next(k for k, u in enumerate(plan) if u is update)
             self._disable(planned[i].id, exc)
             for d in planned[i + 1:]:
                 if d.id in self.disabled:
@@ -184,7 +254,8 @@ class Engine:
         ``processes`` > 1 (``None``: one per CPU) lets a long run's detectors be shared out over
         forked processes; the findings and the detectors' final state are the same.
         """
-        self._lean_keys = None  # detectors called directly below: ask the settled ones again after
+        self._leave_common()  # detectors driven one at a time below: each needs its own clock and count
+        self._lean_keys = None  # ask the settled ones again after
         streamed = bool(getattr(samples, "streamed", False))
         if streamed and not samples:
             samples = None
@@ -349,6 +420,16 @@ def _countable(d: Detector) -> bool:
     return (isinstance(d, EpisodeDetector) and cls.__dict__.get("inert_without") is not None
             and is_fused_update(cls.update) and "update" not in getattr(d, "__dict__", {})
             and getattr(cls, "_update", None) is _EPISODE_INNER)
+
+
+def _engine_entry(d: Detector, clock: StepClock) -> bool:
+    """Whether the engine may call ``d._step`` for ``update``: the shared episode ``update`` (as for
+    ``_countable``), whose class has its ``_step``, nothing of its own on the instance, and the
+    engine's clock."""
+    cls = type(d)
+    return (isinstance(d, EpisodeDetector) and getattr(d, "clock", None) is clock and is_fused_update(cls.update)
+            and getattr(cls, "_update", None) is _EPISODE_INNER and "_step" in cls.__dict__
+            and not {"update", "_step"} & d.__dict__.keys())
 
 
 def _settles(d: Detector) -> bool:

@@ -207,3 +207,33 @@ def test_parameters_are_validated_and_round_trip(cls):
     for name in det.params():
         with pytest.raises(ValueError, match=name):
             cls(**{name: "x"})
+
+
+# Log every tenth step: the three early points agree by chance, then correctness weaves about its level
+# (sigma ~0.05) with a stretch that leans up at steps 110-160, just when the length crosses half.
+_LEANING_NOISE = (0, 0, 0, 0, 0, -0.03, 0.04, -0.05, 0.02, -0.04, 0.03, 0.05, -0.04, 0.045, 0.04, -0.03, 0.05,
+                  -0.05, 0.03, -0.04, 0.02, -0.03, 0.04, -0.05, 0.01, 0.03, -0.04, 0.05, -0.02, -0.03, 0.02)
+
+
+def _coarse_shrink(gain):
+    series = []
+    for s in range(10, 310, 10):
+        L = 300.0 if s < 60 else max(300.0 * math.exp(-(s - 60) / 60.0), 25.0)
+        acc = 0.4 + _LEANING_NOISE[s // 10] + gain * (1 - math.exp(-max(0, s - 40) / 40))
+        series.append((s, {"completions/mean_length": L, "rewards/acc/mean": acc}))
+    return series
+
+
+def test_a_shrink_is_excused_only_by_a_rise_beyond_the_noise():
+    ctx = RunContext(correctness_reward="acc")
+    # Three agreeing early points give a near-zero early spread: a noisy uptick must not read as a rise.
+    flat = [f for f in _feed(LengthCollapse(), _coarse_shrink(0.0), ctx) if f.severity in ALARMS]
+    assert flat and flat[0].step <= 140, [(f.severity, f.step) for f in flat]
+    assert flat[0].evidence["correctness"]["rising_tolerance"] > 2 * flat[0].evidence["correctness"]["tolerance"]
+    # A real climb (0.4 -> 0.63, several sigma) with the same noise is still concise answers.
+    assert _feed(LengthCollapse(), _coarse_shrink(0.25), ctx) == []
+    # The labelled case on a coarse log, every seed (seed 4's noise once read as rising until step 190).
+    for seed in range(5):
+        run = generate("length_collapse_flat_accuracy", seed=seed, logging_steps=10)
+        hits = [f for f in replay(run, [LengthCollapse]) if f.severity in ALARMS]
+        assert hits and hits[0].step <= run.labels["fail"], (seed, [(f.severity, f.step) for f in hits])
