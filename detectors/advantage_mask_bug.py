@@ -147,7 +147,6 @@ class AdvantageMaskBug(EpisodeDetector):
         if lo.__class__ is float and hi.__class__ is float and ADV_MAX not in metrics and not self.in_episode:
             a = hi if hi >= 0.0 else -hi
             if hi - lo > 1e-6 * (a if a > 1.0 else 1.0):
-                self._n += 1
                 if self.equal_run:
                     self.equal_run = 0
                     self.equal_since = None

@@ -170,9 +170,10 @@ def unmet(requires: Sequence[Sequence[str]] | None, names: Collection[str], has_
     return text
 
 
-class IdleCount:
-    """Steps an engine skipped for the detectors it left idle: one count for all of them, which
-    each detector's ``n_updates`` reads from the point it became idle."""
+class StepCount:
+    """Steps an engine counted for its detectors (those it leaves idle, and those it calls through
+    ``_step``): one count for all of them, which each one's ``n_updates`` reads from the point it
+    was handed over."""
 
     __slots__ = ("n",)
 
@@ -214,12 +215,12 @@ class Detector(abc.ABC):
     # until it says so (it must be cheap and must not change anything); defined by the class
     # itself, like ``inert_without``.
 
-    # Steps this detector was called with (``_n``, what its own code counts and reads), and, while an
-    # engine leaves it idle, the engine's count of skipped steps and where that count stood when it
-    # began (``_idle``, ``_idle_base``): ``n_updates`` adds the two up.
+    # Steps this detector counted itself (``_n``), and, while an engine counts its steps for it, the
+    # engine's count and where that count stood when it took over (``_count``, ``_count_base``):
+    # ``n_updates`` adds the two up.
     _n: int = 0
-    _idle: IdleCount | None = None
-    _idle_base: int = 0
+    _count: StepCount | None = None
+    _count_base: int = 0
 
     def __init__(self) -> None:
         self.context = RunContext()
@@ -227,14 +228,14 @@ class Detector(abc.ABC):
 
     @property
     def n_updates(self) -> int:
-        """Steps fed so far, whether it was called with them or an engine counted them for it."""
-        c = self._idle
-        return self._n if c is None else self._n + c.n - self._idle_base
+        """Steps fed so far, whether it counted them itself or an engine counted them for it."""
+        c = self._count
+        return self._n if c is None else self._n + c.n - self._count_base
 
     @n_updates.setter
     def n_updates(self, value: int) -> None:
-        c = self._idle
-        self._n = value if c is None else value - (c.n - self._idle_base)
+        c = self._count
+        self._n = value if c is None else value - (c.n - self._count_base)
 
     def start(self, context: RunContext) -> None:
         """Bind the run's facts and start from a fresh state."""
@@ -244,7 +245,7 @@ class Detector(abc.ABC):
     def reset(self) -> None:
         RESETS[0] += 1  # an engine that leaves settled detectors out asks them again
         self._n = 0
-        self._idle = None
+        self._count = None
         self._reset()
 
     def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:

@@ -126,7 +126,6 @@ class DegenerateLongCot(EpisodeDetector):
         h = metrics.get("entropy")
         if (h.__class__ is float and 0.0 < h < self._far_line and self._settled and not self.in_episode
                 and not samples and self.cap is not None and self.correctness.fixed):
-            self._n += 1
             mget = metrics.get
             hs, hv, ls, lv, cs_, cv, rs, rv, ts, tv = self._deques
             hs.append(step)

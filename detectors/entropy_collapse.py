@@ -160,7 +160,6 @@ class EntropyCollapse(EpisodeDetector):
             return EpisodeDetector._step(self, step, metrics, samples)
         # Once the baseline is set (nearly every step of a run), what ``_assess_settling`` does then,
         # read straight from the metrics, and ``EpisodeDetector._step``'s booking, in one call.
-        self._n += 1
         h = metrics.get("entropy")
         if h.__class__ is not float:
             h = finite(h)

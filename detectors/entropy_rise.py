@@ -109,7 +109,6 @@ class EntropyRise(EpisodeDetector):
         # Once the line is fixed, a plain float entropy takes this path, whole in one call: the same
         # pushes and checks as ``_assess_full``, inlined, and ``EpisodeDetector._step``'s booking,
         # since it runs at every step of the run.
-        self._n += 1
         w = self._window
         w.steps.append(step)
         w.values.append(h)

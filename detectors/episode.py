@@ -174,18 +174,19 @@ class EpisodeDetector(Detector):
         if not cs or step > cs[-1]:  # StepClock.tick
             cs.append(step)
             clock._gap = None
+        self._n += 1
         out = self._step(step, metrics, samples)
         return out if out.__class__ is list else [*out]
 
     def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
-        """One step, counted, assessed and booked: ``step`` an int, ``metrics`` a mapping, and the step
-        clock already ticked (by ``update``, ``replay_steps``, or the engine that shares it). Returns the
-        findings raised, ``NOTHING`` when none (an engine only extends its list with them).
+        """One step, assessed and booked: ``step`` an int, ``metrics`` a mapping, the step already
+        counted and the step clock already ticked (by ``update``, ``replay_steps``, or the engine,
+        which keeps one count and one clock for its detectors). Returns the findings raised,
+        ``NOTHING`` when none (an engine only extends its list with them).
 
         ``Engine.update`` calls it directly on its common path. A class may write its own that takes
         its commonest step whole, in one call (booking a healthy verdict as below), and hands any other
         step to this one; its subclasses get this one back (they may assess differently)."""
-        self._n += 1
         a = self._assess(step, metrics, samples or ())
         if a.__class__ is tuple and not (self.in_episode or self._pending) and self.state == "ok":
             self._evidence = a  # a healthy verdict on a healthy run: nothing else changes
@@ -245,6 +246,7 @@ class EpisodeDetector(Detector):
         i = -1
         try:
             for i, (step, metrics) in enumerate(steps):
+                self._n += 1
                 if type(step) is not int:
                     step = int(step)
                 if type(metrics) is not dict and not isinstance(metrics, Mapping):

@@ -108,10 +108,8 @@ class GradNormSpike(EpisodeDetector):
 
     def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None, book: bool = True) -> Any:
         # One body for the assessment (``book`` False: ``_assess``, which subclasses build on) and the
-        # whole step (True: counted and booked as ``EpisodeDetector._step`` would, in one call, for
-        # the engine and ``update``): this runs at every step of the run.
-        if book:
-            self._n += 1
+        # whole step (True: booked as ``EpisodeDetector._step`` would, in one call, for the engine,
+        # ``update`` and replays): this runs at every step of the run.
         mget = metrics.get
         g = mget("grad_norm")
         if g.__class__ is not float:

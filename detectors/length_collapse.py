@@ -112,7 +112,6 @@ class LengthCollapse(EpisodeDetector):
                 and self.base is not None and not self.shaping and self.correctness.fixed):
             c = metrics.get("completions/clipped_ratio")
             if c is None or (c.__class__ is float and c - c == 0.0):
-                self._n += 1
                 r = metrics.get(self.correctness.key)
                 if r.__class__ is not float or r - r != 0.0:
                     r = slow_finite(r)

@@ -181,7 +181,6 @@ class LengthRewardCoupling(EpisodeDetector):
                     return EpisodeDetector._step(self, step, metrics, samples)
                 self.confirm_steps = 20 if gap <= 2 else 10
                 verdict = (self._level_evidence, recent, base, ratio)
-            self._n += 1
             mget = metrics.get
             entropy = self.entropy
             h = mget("entropy")

@@ -114,10 +114,8 @@ class NoLearningSignal(EpisodeDetector):
 
     def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None, book: bool = True) -> Any:
         # One body for the assessment (``book`` False: ``_assess``, which subclasses build on) and the
-        # whole step (True: counted and booked as ``EpisodeDetector._step`` would, in one call, for
-        # the engine and ``update``): this runs at every step of the run.
-        if book:
-            self._n += 1
+        # whole step (True: booked as ``EpisodeDetector._step`` would, in one call, for the engine,
+        # ``update`` and replays): this runs at every step of the run.
         entropy = self.entropy
         if entropy.baseline.value is None:
             if entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:

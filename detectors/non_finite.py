@@ -82,7 +82,6 @@ class NonFinite(EpisodeDetector):
             except Exception:  # noqa: BLE001 - any odd value: the exact path decides
                 clean = False
             if clean is True and metrics.get("loss").__class__ is float:
-                self._n += 1
                 return NOTHING
         return EpisodeDetector._step(self, step, metrics, samples)
 

@@ -75,6 +75,7 @@ class RewardComponentDivergence(EpisodeDetector):
         self.correct = LevelTrack(window=32, half=3, tol=10.0, positive=False, min_span=20)
         self.components: dict[str, LevelTrack] = {}
         self._nkeys = -1
+        self._age = 0  # steps assessed, for the rescan now and then
         # [name, metric key, its _Component once tracked] of the components besides correctness.
         self._names: list[list[Any]] = []
         self._names_for: str | None = None
@@ -99,10 +100,8 @@ class RewardComponentDivergence(EpisodeDetector):
 
     def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None, book: bool = True) -> Any:
         # One body for the assessment (``book`` False: ``_assess``, which subclasses build on) and the
-        # whole step (True: counted and booked as ``EpisodeDetector._step`` would, in one call, for
-        # the engine and ``update``): this runs at every step of the run.
-        if book:
-            self._n += 1
+        # whole step (True: booked as ``EpisodeDetector._step`` would, in one call, for the engine,
+        # ``update`` and replays): this runs at every step of the run.
         # Runs every step: metric reads, window pushes and the ceiling test are written out in place.
         source = self.correctness
         if source.fixed:
@@ -125,7 +124,8 @@ class RewardComponentDivergence(EpisodeDetector):
                 w.values.append(c)
         # Rescan the keys for components only when their number changes (or now and then).
         correct_name = source.name
-        if len(metrics) != self._nkeys or self._n % 64 == 0 or correct_name != self._names_for:
+        self._age = age = self._age + 1
+        if len(metrics) != self._nkeys or age % 64 == 0 or correct_name != self._names_for:
             self._nkeys = len(metrics)
             self._names_for = correct_name
             self._names = [[n, f"rewards/{n}/mean", self._comps.get(n)]

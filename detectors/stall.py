@@ -173,7 +173,6 @@ class Stall(EpisodeDetector):
             lim = self._step_lim
             if st.__class__ is not float or lim is None or not 0.0 <= st < lim:
                 return EpisodeDetector._step(self, step, metrics, samples)
-        self._n += 1
         self.prev_step = step
         self.prev_wall = w
         if per is not None:

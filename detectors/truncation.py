@@ -120,7 +120,6 @@ class Truncation(EpisodeDetector):
             if cr >= level:
                 n_high += 1
             if n_high < 2:
-                self._n += 1
                 self.n_high = n_high
                 cuts.append(cr)
                 self.cut_steps.append(step)

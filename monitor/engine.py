@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import RESETS, Detector, Finding, IdleCount, RunContext
+from grpo_monitor.detectors.base import RESETS, Detector, Finding, RunContext, StepCount
 from grpo_monitor.detectors.episode import EpisodeDetector, is_fused_update
 from grpo_monitor.detectors.signals import StepClock
 
@@ -68,10 +68,11 @@ class Engine:
         # driven one at a time over a whole run (``replay``) get their own copy back first.
         self._clock: StepClock | None = None
         self._lean_own: list[Detector] = []
-        # The detectors left idle count their skipped steps from one count the engine keeps
-        # (``IdleCount``), folded back into their own when they are called again.
-        self._idle_count = IdleCount()
-        self._idle_all: list[Detector] = []
+        # On the common path the engine counts steps once for the detectors it leaves idle and for
+        # those it calls through ``_step`` (``StepCount``); each folds the count into its own when
+        # driven otherwise.
+        self._count = StepCount()
+        self._counted: list[Detector] = []
 
     def _replan(self) -> None:
         self._plan_detectors = [d for d in self.detectors if d.id not in self.disabled]
@@ -87,7 +88,7 @@ class Engine:
         self._lean_keys = None
 
     def _relean(self, metrics: dict[Any, Any], has_samples: bool) -> None:
-        self._wake_idle()
+        self._hand_back_count()
         idle = set()
         self._lean_resets = RESETS[0]
         for d in self._inert:
@@ -110,34 +111,35 @@ class Engine:
         self._lean_ttl = _ASK_AGAIN if settling else 0
         clock = self._share_clock()
         self._lean_detectors = [d for d in self._plan_detectors if id(d) not in idle]
-        self._lean_plan = [d._step if _engine_entry(d, clock) else u  # type: ignore[attr-defined]
+        entries = {id(d) for d in self._lean_detectors if _engine_entry(d, clock)}
+        self._lean_plan = [d._step if id(d) in entries else u  # type: ignore[attr-defined]
                            for d, u in zip(self._plan_detectors, self._plan) if id(d) not in idle]
         idle_episodes = [d for d in self._plan_detectors if id(d) in idle and isinstance(d, EpisodeDetector)]
         self._lean_idle = [d for d in idle_episodes if d.clock is clock]
         self._lean_own = [d for d in idle_episodes if d.clock is not clock]
         self._lean_counted = [d for d in self._plan_detectors if id(d) in idle and not isinstance(d, EpisodeDetector)]
-        count = self._idle_count
-        self._idle_all = [d for d in self._plan_detectors if id(d) in idle]
-        for d in self._idle_all:
-            d._idle, d._idle_base = count, count.n
+        count = self._count
+        self._counted = [d for d in self._plan_detectors if id(d) in idle or id(d) in entries]
+        for d in self._counted:
+            d._count, d._count_base = count, count.n
         self._lean_keys = [*metrics]
         self._lean_has = has_samples
 
-    def _wake_idle(self) -> None:
-        """Fold the steps counted for the idle detectors into their own count (before they are
-        called again, or left idle anew)."""
-        count = self._idle_count
-        for d in self._idle_all:
-            if d._idle is count:  # not reset since
-                d._n += count.n - d._idle_base
-                d._idle = None
-        self._idle_all = []
+    def _hand_back_count(self) -> None:
+        """Fold the steps the engine counted into each detector's own count (before it is driven
+        otherwise, or handed over anew)."""
+        count = self._count
+        for d in self._counted:
+            if d._count is count:  # not reset since
+                d._n += count.n - d._count_base
+                d._count = None
+        self._counted = []
         self._lean_keys = None
 
     def _leave_common(self) -> None:
         """Before a step off the common path (or a replay) calls every detector itself."""
-        if self._idle_all:
-            self._wake_idle()
+        if self._counted:
+            self._hand_back_count()
         self._unshare_clock()
 
     def _share_clock(self) -> StepClock:
@@ -202,7 +204,7 @@ class Engine:
             if not cs or step > cs[-1]:  # StepClock.tick
                 cs.append(step)
                 clock._gap = None  # type: ignore[union-attr]
-            self._idle_count.n += 1
+            self._count.n += 1
             for d in self._lean_own:
                 clock = d.clock  # type: ignore[attr-defined]
                 cs = clock._steps

@@ -355,3 +355,69 @@ def test_settled_detectors_reset_mid_run_are_called_again_until_they_settle_anew
         if hasattr(ours, "clock"):
             assert list(ours.clock._steps) == list(theirs.clock._steps), ours.id
     assert engine.states() == {d.id: {"state": d.state, "evidence": d.last_evidence} for d in direct.detectors}
+
+
+_OWN_STEP = [c for c in ALL_DETECTORS if "_step" in c.__dict__]
+
+
+@pytest.mark.parametrize("logging_steps", [1, 10])
+@pytest.mark.parametrize("name", [
+    "healthy_fast_drop", "healthy_noisy", "healthy_isolated_grad_spikes", "entropy_collapse", "entropy_rise",
+    "degenerate_long_cot", "length_coupling", "no_learning_signal", "reward_divergence", "non_finite",
+    "sudden_collapse", "grad_spikes_reward_falling", "length_collapse_flat_accuracy", "k16_equal_lengths_mask_bug",
+    "k18_stall_at_weight_sync", "truncation_partial"])
+@pytest.mark.parametrize("batches", ["every_step", "none", "every_third_step"])
+def test_a_detectors_own_step_is_what_its_assessment_and_the_shared_step_make(name, logging_steps, batches):
+    """A detector that takes its commonest step whole in its own ``_step`` gives exactly what the
+    shared ``_step`` over its ``_assess`` gives (what a subclass gets): same findings, states, counts,
+    windows. Most of those steps are metrics-only: with sample batches, several take the general way."""
+    assert {c.id for c in _OWN_STEP} >= {"entropy_collapse", "sudden_collapse", "no_learning_signal", "stall"}
+    run = generate(name, seed=0, logging_steps=logging_steps)
+    plain = [c() for c in _OWN_STEP]
+    shared = [type("Shared" + c.__name__, (c,), {})() for c in _OWN_STEP]
+    assert all("_step" in type(d).__dict__ and type(d)._step is not c._step for d, c in zip(shared, _OWN_STEP))
+    engines = [Engine(run.context, plain), Engine(run.context, shared)]
+    for i, (step, metrics) in enumerate(run.steps):
+        batch = run.samples.get(step, []) if batches == "every_step" or (batches != "none" and i % 3 == 0) else []
+        a, b = (e.update(step, metrics, batch) for e in engines)
+        assert [f.to_dict() for f in a] == [f.to_dict() for f in b], step
+        assert [d.state for d in plain] == [d.state for d in shared], step
+    assert [d.last_evidence for d in plain] == [d.last_evidence for d in shared]
+    assert [d.n_updates for d in plain] == [d.n_updates for d in shared] == [len(run.steps)] * len(plain)
+    for d, e in zip(plain, shared):  # every window and running figure, not only what was raised
+        caches = _CACHES.get(d.id, set())
+        assert ({k: v for k, v in _state(d).items() if k not in caches}
+                == {k: v for k, v in _state(e).items() if k not in caches}), d.id
+
+
+# Where a detector's own ``_step`` may legitimately differ: how its count is kept (the engine
+# counts the steps of a detector it calls through ``_step`` or leaves idle; a subclass is called
+# through ``update`` and never left idle), and what its own
+# ``_step`` caches for itself alone (a fixed key, a line worked out once, "nothing left to set up").
+_NOT_STATE = {"_evidence", "_n", "_count", "_count_base", "context", "clock"}
+_CACHES = {"entropy_rise": {"_correct_key"},
+           "entropy_collapse": {"_far_for", "_far_line", "_zs_set", "_rs_set", "_correct_set", "_correct_key"}}
+
+
+def _state(obj, depth=0):
+    import collections
+
+    if depth > 6:
+        return "..."
+    if isinstance(obj, float):
+        return "nan" if obj != obj else obj
+    if obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, (list, tuple, collections.deque)):
+        return [_state(x, depth + 1) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _state(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (set, frozenset)):
+        return sorted(map(repr, obj))
+    if callable(obj):
+        return getattr(obj, "__qualname__", "callable")
+    if hasattr(obj, "__dict__") and any(c.__module__.startswith("grpo_monitor") for c in type(obj).__mro__):
+        return {k: _state(v, depth + 1) for k, v in vars(obj).items() if k not in _NOT_STATE}
+    if hasattr(obj, "__slots__"):
+        return {k: _state(getattr(obj, k, None), depth + 1) for k in obj.__slots__}
+    return type(obj).__name__
