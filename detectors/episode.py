@@ -218,19 +218,8 @@ class EpisodeDetector(Detector):
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
             metrics = {}
         self.clock.tick(step)
-        a = self._assess(step, metrics, samples)
-        if a is None:
-            return []
-        if type(a) is tuple:
-            a = Assessment(0, a)
-        self._evidence = a.evidence
-        if a.level == 0 and not self.in_episode:
-            # The common, healthy path.
-            self.state = "warming_up" if a.warming_up else "ok"
-            self._pending = 0
-            self._pending_onset = None
-            return []
-        return self._settle(step, a)
+        out = self._conclude(step, self._assess(step, metrics, samples))
+        return out if out.__class__ is list else [*out]
 
     def replay_steps(
         self, steps: Sequence[tuple[int, Metrics]], samples: Sequence[Sequence[Sample] | None] | None = None

@@ -425,6 +425,13 @@ class StepClock:
         self._steps: deque[int] = deque(maxlen=9)
         self._gap: int | None = 1
 
+    def copy(self) -> StepClock:
+        """A clock of its own that has seen the same steps."""
+        other = StepClock()
+        other._steps.extend(self._steps)
+        other._gap = self._gap
+        return other
+
     def tick(self, step: int) -> None:
         steps = self._steps
         if not steps or step > steps[-1]:

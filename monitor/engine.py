@@ -48,18 +48,16 @@ class Engine:
         self._plan_disabled = -1
         # Detectors that declare ``inert_without``, and for the metric names and sample presence
         # last seen (``_lean_keys``, ``_lean_has``): the plan without those the step leaves inert
-        # (``_lean_plan``, ``_lean_detectors``) and those whose step the engine counts (``_lean_idle``).
+        # (``_lean_plan``, ``_lean_detectors``) and those it leaves out, whose step it counts (``_lean_idle``).
         self._inert: list[Detector] = []
         self._lean_keys: list[Any] | None = None
         self._lean_has = False
         self._lean_plan: list[Callable[..., Any]] = []
         self._lean_detectors: list[Detector] = []
         self._lean_idle: list[Detector] = []
-        # Detectors that define ``inert_now``; those of them left out that have no step clock
-        # (``_lean_counted``); steps until they are asked again while some are not yet settled
-        # (``_lean_ttl``, 0: not before the names change); the resets seen when last asked.
+        # Detectors that define ``inert_now``; steps until they are asked again while some are not
+        # yet settled (``_lean_ttl``, 0: not before the names change); the resets seen when last asked.
         self._settling: list[Detector] = []
-        self._lean_counted: list[Detector] = []
         self._lean_ttl = 0
         self._lean_resets = -1
         # Every detector sees every step, so their step clocks agree: on the common path the
@@ -114,10 +112,8 @@ class Engine:
         entries = {id(d) for d in self._lean_detectors if _engine_entry(d, clock)}
         self._lean_plan = [d._step if id(d) in entries else u  # type: ignore[attr-defined]
                            for d, u in zip(self._plan_detectors, self._plan) if id(d) not in idle]
-        idle_episodes = [d for d in self._plan_detectors if id(d) in idle and isinstance(d, EpisodeDetector)]
-        self._lean_idle = [d for d in idle_episodes if d.clock is clock]
-        self._lean_own = [d for d in idle_episodes if d.clock is not clock]
-        self._lean_counted = [d for d in self._plan_detectors if id(d) in idle and not isinstance(d, EpisodeDetector)]
+        self._lean_idle = [d for d in self._plan_detectors if id(d) in idle]
+        self._lean_own = [d for d in self._lean_idle if isinstance(d, EpisodeDetector) and d.clock is not clock]
         count = self._count
         self._counted = [d for d in self._plan_detectors if id(d) in idle or id(d) in entries]
         for d in self._counted:
@@ -149,9 +145,7 @@ class Engine:
         episodes = [d for d in self._plan_detectors if isinstance(d, EpisodeDetector)
                     and getattr(d, "clock", None).__class__ is StepClock]
         if clock is None:
-            clock = self._clock = StepClock()
-            if episodes:
-                clock._steps.extend(episodes[0].clock._steps)  # type: ignore[attr-defined]
+            clock = self._clock = episodes[0].clock.copy() if episodes else StepClock()  # type: ignore[attr-defined]
         for d in episodes:
             own = d.clock  # type: ignore[attr-defined]
             if own is not clock and own._steps == clock._steps:
@@ -168,9 +162,7 @@ class Engine:
         self._lean_keys = None
         for d in self.detectors:
             if getattr(d, "clock", None) is clock:
-                own = StepClock()
-                own._steps.extend(clock._steps)
-                d.clock = own  # type: ignore[attr-defined]
+                d.clock = clock.copy()  # type: ignore[attr-defined]
 
     def update(
         self, step: int, metrics: Mapping[str, float | None], samples: Sequence[Mapping[str, Any]] | None = None
@@ -205,12 +197,8 @@ class Engine:
                 cs.append(step)
                 clock._gap = None  # type: ignore[union-attr]
             self._count.n += 1
-            for d in self._lean_own:
-                clock = d.clock  # type: ignore[attr-defined]
-                cs = clock._steps
-                if not cs or step > cs[-1]:
-                    cs.append(step)
-                    clock._gap = None
+            for d in self._lean_own:  # reset or driven alone since the clock was shared: rare
+                d.clock.tick(step)  # type: ignore[attr-defined]
         else:
             plan, planned = self._plan, self._plan_detectors
         raised: list[Finding] = []

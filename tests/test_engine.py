@@ -289,7 +289,7 @@ def test_a_step_that_leaves_detectors_inert_is_counted_for_them_exactly_as_their
     for step, metrics in steps:
         batch = samples.get(step, [])
         raised += engine.update(step, metrics, batch)
-        left_out.update(d.id for d in engine._lean_idle + engine._lean_counted)
+        left_out.update(d.id for d in engine._lean_idle)
         for d in direct.detectors:
             by_hand += d.update(step, metrics, batch)
     # Each of them was left out on some steps and called on others.
@@ -336,7 +336,7 @@ def test_settled_detectors_reset_mid_run_are_called_again_until_they_settle_anew
     raised, by_hand, idle_before_reset = [], [], set()
     for step, metrics in steps:
         if step == 100:
-            idle_before_reset = {d.id for d in engine._lean_idle + engine._lean_counted}
+            idle_before_reset = {d.id for d in engine._lean_idle}
             for eng in (engine, direct):
                 for d in eng.detectors:
                     if d.id in ("broken_generation", "reward_function_bug", "moe_model_detected"):
