@@ -69,7 +69,7 @@ def one_run(url: str | None, steps: int, seed: int) -> tuple[float, float, float
 
     from grpo_monitor.callbacks import attach
     from grpo_monitor.fixtures.tiny import REWARD_FUNCS, build_dataset, build_model, build_tokenizer
-    from grpo_monitor.monitor.engine import default_detectors
+    from grpo_monitor.core.engine import default_detectors
 
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,7 +127,7 @@ def one_run(url: str | None, steps: int, seed: int) -> tuple[float, float, float
 
 def dispatcher_cost(n: int = 20000) -> float:
     """Seconds per ``on_step`` with one new finding, the webhook sender stuck on a silent server."""
-    from grpo_monitor.monitor.alerts import AlertDispatcher, WebhookSender
+    from grpo_monitor.alerts import AlertDispatcher, WebhookSender
 
     sock, url = silent_server()
     d = AlertDispatcher([], WebhookSender(url, burst=10 ** 9, per_minute=1e9, timeout=5.0), flush_timeout=0.1)

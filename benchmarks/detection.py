@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.results import RESULTS, stamp, update_section
 from grpo_monitor.detectors import ALL_DETECTORS
 from grpo_monitor.fixtures.synthetic import CASES, FAILURES, HEALTHY, generate
-from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.core.engine import Engine
 
 REAL = ROOT.parent / "shared" / "real-runs"
 ALARM = ("warning", "critical")
@@ -113,7 +113,7 @@ def load_cases(seeds: int) -> list[Case]:
                 cases.append(Case(f"{name}/ls{ls}/s{seed}", "synthetic", run.context, run.steps, run.samples, run.labels, ls))
     labels_path = REAL / "labels.json"
     if labels_path.exists():
-        from grpo_monitor.monitor.sources import load_source
+        from grpo_monitor.readers import load_source
 
         for name, labels in sorted(json.loads(labels_path.read_text()).items()):
             src = load_source(REAL / f"{name}.trainer_state.json")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.detection import stationary_stream
 from grpo_monitor.detectors import ALL_DETECTORS
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.core.engine import Engine
 
 
 def _timer_floor(n: int = 20_000) -> float:

@@ -193,7 +193,7 @@ def covered(n: int) -> bool:
 def lint_ids() -> set[str]:
     """Every ``config_*`` finding the pre-flight lint (and the memory estimate it calls) can raise."""
     ids: set[str] = set()
-    for path in (ROOT / "monitor").rglob("*.py"):
+    for path in (ROOT / "grpo_monitor").rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         ids.update("config_" + r for r in re.findall(r'_finding\(\s*"([a-z0-9_]+)"', text))
         ids.update(re.findall(r'detector\s*=\s*"(config_[a-z0-9_]+)"', text))
@@ -202,10 +202,10 @@ def lint_ids() -> set[str]:
 
 def gate_ids() -> set[str]:
     """The reward gate's named checks (``GATE_CHECKS``, as ``gate_<check>``) and the gate itself."""
-    from grpo_monitor.monitor.preflight.reward_gate import GATE_CHECKS
+    from grpo_monitor.preflight.reward_gate import GATE_CHECKS
 
     ids = {f"gate_{c}" for c in GATE_CHECKS}
-    if 'add_parser("inspect-rewards"' in (ROOT / "monitor" / "cli.py").read_text(encoding="utf-8"):
+    if 'add_parser("inspect-rewards"' in (ROOT / "grpo_monitor" / "app" / "cli.py").read_text(encoding="utf-8"):
         ids.add("inspect_rewards")
     return ids
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo_monitor.detectors import ALL_DETECTORS  # noqa: E402
 from grpo_monitor.fixtures.synthetic import CASES, generate  # noqa: E402
-from grpo_monitor.monitor.engine import Engine  # noqa: E402
+from grpo_monitor.core.engine import Engine  # noqa: E402
 
 
 def digest(only: set[str] | None, seeds: int) -> dict[str, list]:

@@ -165,7 +165,7 @@ def one_run(name: str, spec: dict[str, Any], shape: dict[str, Any], arm: str, st
 
     from grpo_monitor.callbacks import attach
     from grpo_monitor.fixtures.tiny import REWARD_FUNCS, build_tokenizer
-    from grpo_monitor.monitor.demo import demo_settings
+    from grpo_monitor.app.demo import demo_settings
 
     cuda = device.startswith("cuda")
     with_monitor = arm != "without"
@@ -235,7 +235,7 @@ def one_run(name: str, spec: dict[str, Any], shape: dict[str, Any], arm: str, st
 
 def monitor_facts(monitor_cb: Any, run_dir: Path, router_tap: bool) -> dict[str, Any]:
     """What the monitor recorded: proof that it did its work (router tap included) and caught no fault."""
-    from grpo_monitor.monitor.runlog import read_run
+    from grpo_monitor.core.runlog import read_run
 
     run = read_run(run_dir)
     last = run.steps[-1]["metrics"] if run.steps else {}

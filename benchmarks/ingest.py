@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import stamp, update_section  # noqa: E402
-from grpo_monitor.monitor.runlog import RunWriter  # noqa: E402
-from grpo_monitor.monitor.sources import load_source  # noqa: E402
+from grpo_monitor.core.runlog import RunWriter  # noqa: E402
+from grpo_monitor.readers import load_source  # noqa: E402
 
 METRICS = [
     "loss", "grad_norm", "learning_rate", "num_tokens",
@@ -168,7 +168,7 @@ def _varint(n: int) -> bytes:
 def replica_file(path: Path, steps: list[int], rows: list[list[float]], tags: list[str], wall0: float) -> None:
     """The records SummaryWriter writes, built without its pure-Python CRC (which takes ~4 minutes
     for three million scalars here): CRCs are computed vectorised, per record length."""
-    from grpo_monitor.monitor.sources.tensorboard import _masked_crc32c_rows
+    from grpo_monitor.readers.tensorboard import _masked_crc32c_rows
 
     pack_d, pack_f = struct.Struct("<d").pack, struct.Struct("<f").pack
     heads = [b"\x0a" + bytes([len(t)]) + t.encode() + b"\x15" for t in tags]
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         cli: dict[str, float] = {}
         cli_all: dict[str, list[float]] = {}
         try:
-            from grpo_monitor.monitor.analysis import analyze
+            from grpo_monitor.analysis.report import analyze
         except ImportError:
             analyze = None
         for fmt, p in paths.items():
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                 secs, report = timed(lambda p=p: analyze(p), repeat=args.repeat, every=e2e_all[fmt])
                 assert report.runs[0].steps == args.steps
             else:  # fall back to what analyze does: read, then replay every step through the engine
-                from grpo_monitor.monitor.engine import Engine
+                from grpo_monitor.core.engine import Engine
 
                 def replay(p=p):
                     src = load_source(p)

@@ -14,7 +14,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -33,7 +32,7 @@ def one_run(with_monitor: bool, steps: int, seed: int) -> tuple[float, float, fl
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from grpo_monitor.callbacks import attach
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.app.demo import build_trainer, demo_config
 
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:

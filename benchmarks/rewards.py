@@ -102,7 +102,7 @@ def main() -> int:
     args = ap.parse_args()
     n_fast, n_code = (64, 16) if args.quick else (512, 64)
 
-    from grpo_monitor.monitor.rewards import FormatReward, JudgeReward, Limits, Sandbox, SoftOverlong, UnitTestReward, exact_match, json_schema
+    from grpo_monitor.rewards import FormatReward, JudgeReward, Limits, Sandbox, SoftOverlong, UnitTestReward, exact_match, json_schema
 
     rows: list[tuple[str, float, str]] = []
     em_c = [(ANSWERS + WRONG)[i % 16] for i in range(n_fast)]

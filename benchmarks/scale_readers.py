@@ -41,9 +41,9 @@ def watch_child(run: str) -> None:
 
     from textual.widgets import DataTable
 
-    from grpo_monitor.monitor.runlog import read_run
-    from grpo_monitor.monitor.tui import WatchApp
-    from grpo_monitor.monitor.tui.widgets.chart import LineChart
+    from grpo_monitor.core.runlog import read_run
+    from grpo_monitor.app.dashboard import WatchApp
+    from grpo_monitor.app.dashboard.widgets.chart import LineChart
 
     n_steps = len(read_run(run, samples=False).steps)
     out: dict[str, float | list[float]] = {}

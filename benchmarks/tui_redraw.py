@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import stamp, update_section  # noqa: E402
-from grpo_monitor.monitor.runlog import RunWriter  # noqa: E402
-from grpo_monitor.monitor.tui.synthetic import FINDINGS, RECOMMENDATION, header, step_record  # noqa: E402
+from grpo_monitor.core.runlog import RunWriter  # noqa: E402
+from grpo_monitor.fixtures.dashboard_run import FINDINGS, RECOMMENDATION, header, step_record  # noqa: E402
 
 TARGET_MS = 50.0
 
@@ -50,9 +50,9 @@ def write_run(path: Path, steps: int) -> None:
 
 
 async def measure(run: Path, steps: int, appends: int, size: tuple[int, int]) -> dict:
-    from grpo_monitor.monitor.tui.app import WatchApp
-    from grpo_monitor.monitor.tui.messages import RecordsArrived
-    from grpo_monitor.monitor.tui.widgets.chart import LineChart
+    from grpo_monitor.app.dashboard.app import WatchApp
+    from grpo_monitor.app.dashboard.messages import RecordsArrived
+    from grpo_monitor.app.dashboard.widgets.chart import LineChart
 
     app = WatchApp(run, poll_interval=0.2)
     t_start = time.perf_counter()

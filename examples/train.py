@@ -30,8 +30,8 @@ def main() -> None:
     from trl import GRPOConfig
 
     from grpo_monitor import attach
-    from grpo_monitor.monitor.demo import SCENARIOS, build_scenario_trainer, demo_settings
-    from grpo_monitor.monitor.restart import patched_args
+    from grpo_monitor.app.demo import SCENARIOS, build_scenario_trainer, demo_settings
+    from grpo_monitor.core.restart import patched_args
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     transformers.logging.set_verbosity_error()

@@ -9,9 +9,8 @@ The one import path users need, which no module of a training script (its own ``
     import grpo_monitor
     report = grpo_monitor.analyze("runs/my-run")
 
-The code lives in the repository's top-level folders (``monitor/``, ``callbacks/``, ``detectors/``,
-``fixtures/``) and is installed only as ``grpo_monitor.monitor``, ``grpo_monitor.callbacks``, ... .
-Importing this package stays light: numpy and pandas, never torch, transformers or textual.
+Importing this package stays light: numpy, never torch, transformers or textual (the TRL integration
+and the dashboard load when used).
 
 >>> import grpo_monitor
 >>> sorted(grpo_monitor.__all__)[:4]
@@ -20,16 +19,78 @@ Importing this package stays light: numpy and pandas, never torch, transformers 
 
 from __future__ import annotations
 
-import os as _os
+from typing import Any
 
-# In a source checkout the four folders sit beside this one rather than inside it; a wheel installs them
-# inside (setuptools' package-dir mapping in pyproject.toml). The checkout test is a file only the
-# repository root has, so an installed copy never looks beyond its own folder.
-_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isdir(_os.path.join(_root, "detectors")):
-    __path__.append(_root)  # noqa: F821 - a package's own __path__
-del _root
+from grpo_monitor.core.engine import Engine
+from grpo_monitor.core.runlog import RunLog, RunLogError, read_run
+from grpo_monitor.detectors.base import Finding, RunContext
 
-# The public API is the core package's curated one, re-exported rather than listed twice.
-from grpo_monitor.monitor import *  # noqa: E402,F403 - the search path above must be in place first
-from grpo_monitor.monitor import __all__  # noqa: E402
+from grpo_monitor.core import __version__
+
+__all__ = [
+    "Engine",
+    "Finding",
+    "RunContext",
+    "RunLog",
+    "RunLogError",
+    "__version__",
+    "analyze",
+    "attach",
+    "load_run",
+    "read_run",
+    "run_with_restarts",
+]
+
+
+def attach(trainer: Any, run_dir: Any = None, **options: Any) -> Any:
+    """Attach the monitor to a TRL ``GRPOTrainer``; see ``callbacks.attach``."""
+    from grpo_monitor.callbacks import attach as _attach
+
+    return _attach(trainer, run_dir, **options)
+
+
+def load_run(path: Any, logging_steps: int | None = None, mapping: Any = None):
+    """Any supported run (run directory, trainer_state.json, TensorBoard, CSV, JSONL, console log, W&B or
+    trackio run) as a DataFrame. ``logging_steps`` numbers a console log's dicts where the log does not say;
+    ``mapping`` reads a column as a metric (``{"score_mean": "reward"}``), as ``analyze(..., mapping=)`` does.
+
+    A run directory that was restarted gives all its segments, one after the other, with a
+    ``segment`` column (0 for the first, as run headers and the ``segment-<n>/`` folders number
+    them; the dashboard and ``analyze``'s report count segments from 1, so column value n is
+    "segment n+1" there).
+    """
+    from grpo_monitor.core.restart import lineage_dirs
+    from grpo_monitor.core.runlog import is_run_dir
+    from grpo_monitor.core.runlog import load_run as _load_run_dir
+
+    if is_run_dir(path):
+        dirs = lineage_dirs(path)
+        if len(dirs) == 1:
+            frame = _load_run_dir(path)
+        else:
+            import pandas as pd
+
+            frame = pd.concat([_load_run_dir(d).assign(segment=i) for i, d in enumerate(dirs)])
+        if mapping:
+            from grpo_monitor.analysis.report import parse_mapping
+
+            frame = frame.rename(columns=parse_mapping(mapping))
+        return frame
+    from grpo_monitor.analysis.report import parse_mapping, prepare
+    from grpo_monitor.readers import load_source
+
+    return prepare(load_source(path, logging_steps=logging_steps), parse_mapping(mapping)).frame()
+
+
+def analyze(path: Any, **options: Any) -> Any:
+    """Replay the detectors over a finished run and return its report."""
+    from grpo_monitor.analysis.report import analyze as _analyze
+
+    return _analyze(path, **options)
+
+
+def run_with_restarts(make_trainer: Any, args: Any, **options: Any) -> Any:
+    """Train with auto-restart into the recommended variant; see ``callbacks.restarts.run_with_restarts``."""
+    from grpo_monitor.callbacks.restarts import run_with_restarts as _run
+
+    return _run(make_trainer, args, **options)

@@ -2,6 +2,6 @@
 
 import sys
 
-from grpo_monitor.monitor.cli import main
+from grpo_monitor.app.cli import main
 
 sys.exit(main())

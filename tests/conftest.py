@@ -24,7 +24,7 @@ def train_tiny(run_dir: Path, steps: int = 4, moe: bool = False, attach_options:
     import transformers
 
     from grpo_monitor.callbacks import attach
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.app.demo import build_trainer, demo_config
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore", category=FutureWarning)

@@ -5,7 +5,6 @@ limit, servers that never answer or refuse, the URL kept secret, and ``analyze -
 from __future__ import annotations
 
 import json
-import logging
 import socket
 import subprocess
 import sys
@@ -18,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_monitor.detectors.no_learning_signal import NoLearningSignal
-from grpo_monitor.monitor.alerts import AlertDispatcher, AlertOptions, WebhookSender, build_dispatcher, detect_format, mask_url
-from grpo_monitor.monitor.alerts.webhook import DeliveryError, RateLimit, post_json
-from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.alerts import AlertDispatcher, AlertOptions, WebhookSender, build_dispatcher, detect_format, mask_url
+from grpo_monitor.alerts.webhook import DeliveryError, RateLimit, post_json
+from grpo_monitor.core.engine import Engine
 from grpo_monitor.detectors.base import RunContext
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,7 +263,7 @@ import logging, sys
 sys.modules[{tracker!r}] = None  # an import of it now fails, as when it is not installed
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 from types import SimpleNamespace
-from grpo_monitor.monitor.alerts import build_dispatcher
+from grpo_monitor.alerts import build_dispatcher
 d = build_dispatcher(SimpleNamespace(args=SimpleNamespace(report_to=[{tracker!r}]), callback_handler=SimpleNamespace(callbacks=[])),
                      "/r", "id", None)
 print("dispatcher", d)
@@ -307,7 +306,7 @@ def _stalled_export(path: Path, stalled: bool) -> Path:
 def test_analyze_posts_the_verdict_of_a_foreign_run(tmp_path, hook):
     bad = _stalled_export(tmp_path / "stalled.jsonl", True)
     good = _stalled_export(tmp_path / "fine.jsonl", False)
-    out = subprocess.run([sys.executable, "-m", "grpo_monitor.monitor.cli", "analyze", str(bad), str(good), "--alerts", hook.url()],
+    out = subprocess.run([sys.executable, "-m", "grpo_monitor.app.cli", "analyze", str(bad), str(good), "--alerts", hook.url()],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 1, out.stderr
     (path, body), = hook.wait(1)
@@ -320,7 +319,7 @@ def test_analyze_posts_the_verdict_of_a_foreign_run(tmp_path, hook):
 def test_analyze_alerts_failure_is_one_masked_line(tmp_path):
     bad = _stalled_export(tmp_path / "stalled.jsonl", True)
     url = refused_url()
-    out = subprocess.run([sys.executable, "-m", "grpo_monitor.monitor.cli", "analyze", str(bad), "--alerts", url, "--alerts-format", "slack"],
+    out = subprocess.run([sys.executable, "-m", "grpo_monitor.app.cli", "analyze", str(bad), "--alerts", url, "--alerts-format", "slack"],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 1
     err = [ln for ln in out.stderr.splitlines() if ln.strip()]
@@ -329,7 +328,7 @@ def test_analyze_alerts_failure_is_one_masked_line(tmp_path):
 
 
 def test_importing_alerts_loads_no_tracker_and_no_torch():
-    code = ("import sys, grpo_monitor.monitor.alerts\n"
+    code = ("import sys, grpo_monitor.alerts\n"
             "print(','.join(m for m in ('torch', 'transformers', 'wandb', 'trackio', 'mlflow', 'tensorboard') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120, check=True)
     assert out.stdout.strip() == ""

@@ -17,8 +17,8 @@ import pytest
 
 from grpo_monitor import monitor
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.monitor.analysis import analyze, discover_runs, parse_mapping
-from grpo_monitor.monitor.runlog import RunWriter
+from grpo_monitor.analysis.report import analyze, discover_runs, parse_mapping
+from grpo_monitor.core.runlog import RunWriter
 
 
 def cli(*args):
@@ -191,8 +191,8 @@ def test_dashboard_says_it_cannot_judge_a_run_it_cannot_see(tmp_path):
     pytest.importorskip("textual")
     import asyncio
 
-    from grpo_monitor.monitor.tui import WatchApp
-    from grpo_monitor.monitor.tui.widgets.header import RunHeader
+    from grpo_monitor.app.dashboard import WatchApp
+    from grpo_monitor.app.dashboard.widgets.header import RunHeader
 
     blind = tmp_path / "blind.csv"
     blind.write_text("step,entropy,grad_norm\n" + "".join(f"{s},{0.5 + 0.01 * (s % 3)},{0.3}\n" for s in range(1, 80)))

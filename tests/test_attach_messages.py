@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from grpo_monitor.fixtures import tiny
-from grpo_monitor.monitor import read_run
+from grpo_monitor import read_run
 
 
 def has_answer_tag(completions, **kwargs):
@@ -26,7 +26,7 @@ UNRECOGNISED = [has_answer_tag, subtraction_is_right]
 def _trainer(tmp_path, reward_funcs=None, steps=2):
     import transformers
 
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.app.demo import build_trainer, demo_config
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -113,7 +113,7 @@ SCRIPT = """
 import sys, warnings
 import transformers
 from grpo_monitor import attach
-from grpo_monitor.monitor.demo import build_trainer, demo_config
+from grpo_monitor.app.demo import build_trainer, demo_config
 from tests.test_attach_messages import UNRECOGNISED
 transformers.logging.set_verbosity_error()
 warnings.filterwarnings("ignore")

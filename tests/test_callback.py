@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
 
-from grpo_monitor.monitor import load_run, read_run
+from grpo_monitor import load_run, read_run
 from tests.conftest import train_tiny
 
 UNCONDITIONAL = [

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from grpo_monitor.monitor import load_run, read_run
+from grpo_monitor import load_run, read_run
 from tests.test_callback import COMPONENTS, UNCONDITIONAL
 
 

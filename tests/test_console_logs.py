@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor.monitor.sources import SourceError, detect_format, load_source
+from grpo_monitor.readers import SourceError, detect_format, load_source
 
 WILD = Path(__file__).resolve().parents[2] / "shared" / "real-runs" / "wild"
 
@@ -193,12 +193,12 @@ def test_notebook_outputs_and_ipynb(tmp_path):
 
 def test_cli_logging_steps_and_one_line_errors(tmp_path):
     log = write(tmp_path, "train.log", "".join(trl_line(0.1, 0.5, 0.1 * k) + "\n" for k in range(1, 4)))
-    run = subprocess.run([sys.executable, "-m", "grpo_monitor.monitor.cli", "analyze", str(log), "--json", "--logging-steps", "7"],
+    run = subprocess.run([sys.executable, "-m", "grpo_monitor.app.cli", "analyze", str(log), "--json", "--logging-steps", "7"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode in (0, 1, 3), run.stderr
     assert json.loads(run.stdout)["runs"][0]["steps"] == 3
     bad = write(tmp_path, "notes.txt", "just some words\nand more words\n")
-    run = subprocess.run([sys.executable, "-m", "grpo_monitor.monitor.cli", "analyze", str(bad)], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "grpo_monitor.app.cli", "analyze", str(bad)], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "notes.txt" in run.stderr
     assert "Traceback" not in run.stderr

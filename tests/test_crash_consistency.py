@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor.monitor.runlog import read_run
+from grpo_monitor.core.runlog import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLS = 200
@@ -24,7 +24,7 @@ KILLS_PER_RUN = 5
 WRITER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
-    from grpo_monitor.monitor.runlog import RunWriter, read_run, RUN_FILE
+    from grpo_monitor.core.runlog import RunWriter, read_run, RUN_FILE
     import os
     run_dir = sys.argv[1]
     start = 0
@@ -95,7 +95,7 @@ async def test_dashboard_opens_a_run_killed_mid_write(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     n = check(run_dir)
-    from grpo_monitor.monitor.tui import WatchApp
+    from grpo_monitor.app.dashboard import WatchApp
 
     app = WatchApp(str(run_dir))
     async with app.run_test(size=(120, 40)) as pilot:

@@ -21,7 +21,7 @@ from grpo_monitor.detectors.moe_model_detected import MoeModelDetected
 from grpo_monitor.detectors.reward_component_divergence import RewardComponentDivergence
 from grpo_monitor.detectors.variants import VARIANT_PRESETS
 from grpo_monitor.fixtures.synthetic import FAILURES, HEALTHY, generate
-from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.core.engine import Engine
 
 SEEDS = (0, 1, 2)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from grpo_monitor.detectors.base import RunContext
-from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.core.engine import Engine
 
 
 def alarms(steps, context=None):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor.monitor.cli import _parser
+from grpo_monitor.app.cli import _parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -81,7 +81,7 @@ def test_readme_says_how_to_get_the_cpu_torch_wheel_and_the_makefile_takes_it():
 
 
 def test_the_demo_scenarios_the_readme_lists_are_the_cli_s():
-    from grpo_monitor.monitor.demo import SCENARIOS
+    from grpo_monitor.app.demo import SCENARIOS
 
     text = (ROOT / "README.md").read_text()
     listed = re.search(r"--scenario \{([a-z_,]+)\}", text).group(1).split(",")

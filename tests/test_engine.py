@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-import grpo_monitor.monitor.engine as engine_module
+import grpo_monitor.core.engine as engine_module
 from grpo_monitor.detectors import ALL_DETECTORS
 from grpo_monitor.detectors.base import Detector, Finding
 from grpo_monitor.fixtures.synthetic import CASES, generate
-from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.core.engine import Engine
 
 
 def outcome(engine: Engine, raised: list[Finding] | None = None):

@@ -19,10 +19,10 @@ import pytest
 from grpo_monitor import load_run
 from grpo_monitor.detectors.base import DETECTOR_IDS
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.monitor.analysis import analyze
-from grpo_monitor.monitor.explain import LOSS_NEAR_ZERO, NOTE_IDS, explain
-from grpo_monitor.monitor.runlog import RunWriter, read_run
-from grpo_monitor.monitor.sources import load_source
+from grpo_monitor.analysis.report import analyze
+from grpo_monitor.analysis.explain import LOSS_NEAR_ZERO, NOTE_IDS, explain
+from grpo_monitor.core.runlog import RunWriter, read_run
+from grpo_monitor.readers import load_source
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "real-runs"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/real-runs is not available")
@@ -156,7 +156,7 @@ def test_unusable_values_never_raise():
 
 
 def test_every_watching_detector_exists():
-    from grpo_monitor.monitor.explain import WATCHED_BY
+    from grpo_monitor.analysis.explain import WATCHED_BY
 
     named = {d for ids in WATCHED_BY.values() for d in ids}
     assert set(WATCHED_BY) == set(NOTE_IDS) and all(WATCHED_BY.values())
@@ -230,8 +230,8 @@ async def test_dashboard_shows_the_notes(tmp_path):
     pytest.importorskip("textual")
     from textual.widgets import Static
 
-    from grpo_monitor.monitor.tui import WatchApp
-    from grpo_monitor.monitor.tui.synthetic import write_synthetic_run
+    from grpo_monitor.app.dashboard import WatchApp
+    from grpo_monitor.fixtures.dashboard_run import write_synthetic_run
 
     d = tmp_path / "run"
     write_synthetic_run(d, steps=50)

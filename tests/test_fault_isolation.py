@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from grpo_monitor.detectors.base import Detector
-from grpo_monitor.monitor import read_run
+from grpo_monitor import read_run
 from tests.conftest import train_tiny
 
 
@@ -49,7 +49,7 @@ def test_broken_run_log_does_not_stop_training(tmp_path, caplog):
     import transformers
 
     from grpo_monitor.callbacks import attach
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.app.demo import build_trainer, demo_config
 
     transformers.logging.set_verbosity_error()
     trainer = build_trainer(demo_config(tmp_path / "trainer", 4))
@@ -71,7 +71,7 @@ def test_non_finite_none_and_missing_metrics_are_handled(tmp_path, caplog):
     from transformers import TrainerCallback
 
     from grpo_monitor.callbacks import attach
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.app.demo import build_trainer, demo_config
 
     class Corrupt(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -115,7 +115,7 @@ def test_a_raising_reward_function_fails_exactly_as_without_the_monitor(tmp_path
 
     from grpo_monitor.callbacks import attach
     from grpo_monitor.fixtures.tiny import format_reward
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.app.demo import build_trainer, demo_config
 
     transformers.logging.set_verbosity_error()
     errors = []

@@ -13,7 +13,7 @@ from grpo_monitor.detectors import ALL_DETECTORS, EntropyRise, GradNormSpike, Le
 from grpo_monitor.detectors.base import Finding, RunContext
 from grpo_monitor.fixtures.field import dynamics
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.core.engine import Engine
 
 SEEDS = (0, 1, 2)
 FAILURES = tuple(n for n in dynamics.SPECS if n not in dynamics.HEALTHY)

@@ -12,7 +12,7 @@ from grpo_monitor.detectors.reward_function_bug import RewardFunctionBug
 from grpo_monitor.detectors.truncation import Truncation
 from grpo_monitor.fixtures.field.reward_bugs import HEALTHY, SPECS
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.core.engine import Engine
 
 SEEDS = (0, 1, 2)
 FAILURES = [n for n in SPECS if n not in HEALTHY]

@@ -16,7 +16,7 @@ from grpo_monitor.detectors.language_mixing import LanguageMixing, other_script_
 from grpo_monitor.detectors.stall import stall_status
 from grpo_monitor.fixtures.field.system import HEALTHY, SPECS
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.monitor.engine import Engine
+from grpo_monitor.core.engine import Engine
 
 SEEDS = (0, 1, 2)
 FAILURES = [n for n in SPECS if n not in HEALTHY]
@@ -173,8 +173,8 @@ def test_stall_status_of_a_live_run():
 
 
 def test_logs_recorded_before_the_script_field_still_replay(tmp_path):
-    from grpo_monitor.monitor.analysis import analyze_one
-    from grpo_monitor.monitor.runlog import RunWriter
+    from grpo_monitor.analysis.report import analyze_one
+    from grpo_monitor.core.runlog import RunWriter
 
     w = RunWriter(tmp_path)
     w.header(run_id="old", start_time=1.0, config={"max_completion_length": 256, "num_generations": 8}, model={},
@@ -199,7 +199,7 @@ def test_logs_recorded_before_the_script_field_still_replay(tmp_path):
 
 
 def test_the_tap_records_token_and_script_numbers_on_a_real_run(tmp_path):
-    from grpo_monitor.monitor import read_run
+    from grpo_monitor import read_run
     from tests.conftest import train_tiny
 
     trainer, callback = train_tiny(tmp_path, steps=2)
@@ -227,8 +227,8 @@ def test_the_tap_records_token_and_script_numbers_on_a_real_run(tmp_path):
 
 
 def _write_run(d: Path, last_age_s: float, summary: bool) -> None:
-    from grpo_monitor.monitor.runlog import RunWriter
-    from grpo_monitor.monitor.tui.synthetic import header, step_record
+    from grpo_monitor.core.runlog import RunWriter
+    from grpo_monitor.fixtures.dashboard_run import header, step_record
 
     w = RunWriter(d)
     w.header(**header())
@@ -250,7 +250,7 @@ async def test_header_says_when_a_live_run_has_stalled(tmp_path, age, summary, s
     pytest.importorskip("textual")
     from textual.widgets import Static
 
-    from grpo_monitor.monitor.tui import WatchApp
+    from grpo_monitor.app.dashboard import WatchApp
 
     _write_run(tmp_path / "run", age, summary)
     app = WatchApp(tmp_path / "run", poll_interval=0.05)

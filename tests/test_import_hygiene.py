@@ -8,7 +8,7 @@ import pytest
 HEAVY = ("torch", "transformers", "trl", "textual", "accelerate", "datasets")
 
 
-@pytest.mark.parametrize("module", ["grpo_monitor", "grpo_monitor.detectors", "grpo_monitor.monitor", "grpo_monitor.monitor.cli", "grpo_monitor.monitor.runlog", "grpo_monitor.monitor.metrics", "grpo_monitor.monitor.engine"])
+@pytest.mark.parametrize("module", ["grpo_monitor", "grpo_monitor.detectors", "grpo_monitor.analysis.report", "grpo_monitor.readers", "grpo_monitor.app.cli", "grpo_monitor.core.runlog", "grpo_monitor.core.metrics", "grpo_monitor.core.engine"])
 def test_light_imports(module):
     code = (
         f"import sys, {module}\n"
@@ -20,9 +20,8 @@ def test_light_imports(module):
 
 
 def test_public_api_is_curated():
-    from grpo_monitor import callbacks
-    from grpo_monitor import detectors
-    from grpo_monitor import monitor
+    import grpo_monitor
+    from grpo_monitor import callbacks, detectors, rewards
 
-    for pkg in (monitor, detectors, callbacks):
+    for pkg in (grpo_monitor, detectors, callbacks, rewards):
         assert pkg.__all__ and all(hasattr(pkg, name) for name in pkg.__all__)

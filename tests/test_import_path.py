@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("monitor", "callbacks", "detectors", "fixtures")
 
 TRAIN = """
 import callbacks, detectors, monitor          # the project's own modules, as a user has them
@@ -73,18 +72,19 @@ def test_the_cli_runs_from_such_a_project(project):
         assert "analyze" in proc.stdout and "watch" in proc.stdout
 
 
-def test_the_distribution_installs_nothing_at_the_top_but_grpo_monitor():
-    """Every package folder ships, and only under ``grpo_monitor``: a top-level ``monitor`` would clash with
-    PyPI's ``monitor`` distribution and with users' own modules."""
-    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(tool["packages"])
-    assert all(p == "grpo_monitor" or p.startswith("grpo_monitor.") for p in listed)
-    on_disk = {"grpo_monitor"} | {
-        "grpo_monitor." + ".".join(init.parent.relative_to(ROOT).parts)
-        for top in FOLDERS for init in (ROOT / top).rglob("__init__.py")
-    }
-    assert listed == on_disk
-    assert {tool["package-dir"][f"grpo_monitor.{top}"] for top in FOLDERS} == set(FOLDERS)
+def test_the_distribution_installs_nothing_at_the_top_but_grpo_monitor(tmp_path):
+    """The wheel holds ``grpo_monitor`` alone, with every package of the tree and the dashboard's styles: a
+    top-level ``monitor`` would clash with PyPI's ``monitor`` distribution and with users' own modules."""
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
+                    str(ROOT)], check=True, capture_output=True, timeout=300)
+    [wheel] = tmp_path.glob("grpo_monitor-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"grpo_monitor"}
+    on_disk = {str(init.relative_to(ROOT)) for init in (ROOT / "grpo_monitor").rglob("__init__.py")}
+    assert on_disk <= set(names)
+    assert "grpo_monitor/app/dashboard/app.tcss" in names
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["grpo-monitor"].startswith("grpo_monitor.")
 
@@ -94,7 +94,7 @@ def test_the_code_imports_itself_only_through_grpo_monitor():
     module) once installed."""
     pattern = re.compile(r"^\s*(?:from|import)\s+(?:monitor|callbacks|detectors|fixtures)(?:\.|\s|$)", re.M)
     offenders = []
-    for top in (*FOLDERS, "grpo_monitor", "tests", "benchmarks", "examples"):
+    for top in ("grpo_monitor", "tests", "benchmarks", "examples"):
         for path in (ROOT / top).rglob("*.py"):
             for m in pattern.finditer(path.read_text()):
                 offenders.append(f"{path.relative_to(ROOT)}: {m.group().strip()}")
@@ -113,4 +113,4 @@ def test_the_documented_entry_point_is_curated_and_light():
     names = eval(out[0])  # noqa: S307 - our own printed list
     assert {"attach", "analyze", "load_run", "run_with_restarts"} <= set(names)
     assert out[1] == "[]"
-    assert out[2] == "grpo_monitor.monitor grpo_monitor.monitor"
+    assert out[2] == "grpo_monitor grpo_monitor"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor.monitor.lint import DEFAULTS, add_lint_arguments, lint, lint_path, run_lint_cli
+from grpo_monitor.preflight.lint import DEFAULTS, add_lint_arguments, lint, lint_path, run_lint_cli
 
 # The recipe's reference GRPOConfig; the tests run it on "one GPU" (device facts passed in, not measured here)
 REFERENCE = dict(output_dir="./outputs-grpo", use_vllm=True, num_generations=8, learning_rate=5e-7, beta=0.01,
@@ -206,7 +206,7 @@ def test_device_cpu_judges_a_gpu_recipe_for_this_machine(tiny):
     {"use_liger_kernel": True}, {"bf16": "true"},
 ], ids=lambda s: next(iter(s)))
 def test_each_gpu_setting_makes_a_gpu_recipe(setting):
-    from grpo_monitor.monitor.lint import recipe_device
+    from grpo_monitor.preflight.lint import recipe_device
 
     kind, reasons = recipe_device({"num_generations": 8, **setting})
     assert kind == "cuda" and len(reasons) == 1
@@ -214,7 +214,7 @@ def test_each_gpu_setting_makes_a_gpu_recipe(setting):
 
 
 def test_gradient_checkpointing_is_a_gpu_setting_on_a_multi_gb_model_only(tiny):
-    from grpo_monitor.monitor.lint import recipe_device
+    from grpo_monitor.preflight.lint import recipe_device
 
     assert recipe_device({"gradient_checkpointing": True}, SHAPE_2B)[0] == "cuda"
     assert recipe_device({"gradient_checkpointing": True}, tiny["dense"]) == (None, [])
@@ -223,8 +223,8 @@ def test_gradient_checkpointing_is_a_gpu_setting_on_a_multi_gb_model_only(tiny):
 
 
 def test_lint_trainer_reads_a_real_grpo_trainer(tmp_path):
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
-    from grpo_monitor.monitor.lint import lint_trainer, trainer_facts
+    from grpo_monitor.app.demo import build_trainer, demo_config
+    from grpo_monitor.preflight.lint import lint_trainer, trainer_facts
 
     trainer = build_trainer(demo_config(tmp_path, 1))
     facts = trainer_facts(trainer)
@@ -290,7 +290,7 @@ def test_memory_figures_agree_in_the_finding_the_table_and_the_json(tmp_path, ca
     from trl import GRPOConfig
 
     from grpo_monitor.fixtures.tiny import build_model
-    from grpo_monitor.monitor.memory import DEFAULT_PROMPT_LENGTH, GIB
+    from grpo_monitor.preflight.memory import DEFAULT_PROMPT_LENGTH, GIB
 
     model_dir = tmp_path / "tiny"
     build_model(path=model_dir)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from grpo_monitor.monitor.memory import GIB, estimate, model_shape, shape_from_config
+from grpo_monitor.preflight.memory import GIB, estimate, model_shape, shape_from_config
 
 QWEN25_7B = {
     "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
@@ -68,7 +68,7 @@ def test_weights_gradients_optimizer_states_equal_real_tensors(moe, optim):
 
 
 def test_reference_model_term_equals_the_trainers_reference_model(tmp_path):
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.app.demo import build_trainer, demo_config
 
     trainer = build_trainer(demo_config(tmp_path, 1, beta=0.04))
     est = estimate(trainer.args, trainer.model, num_devices=1, device_kind="cpu")
@@ -209,7 +209,7 @@ def test_without_trl_the_documented_defaults_give_the_same_estimate():
         "            raise ModuleNotFoundError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import json\n"
-        "from grpo_monitor.monitor.memory import estimate\n"
+        "from grpo_monitor.preflight.memory import estimate\n"
         f"print(estimate({{}}, {QWEN25_7B!r}, device_memory_gib=80).peak)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -223,8 +223,8 @@ def test_model_shape_reads_a_model_directory(tmp_path):
 
 def test_system_metrics_without_torch_and_light_imports():
     code = (
-        "import sys, grpo_monitor.monitor.memory, grpo_monitor.monitor.lint, grpo_monitor.monitor.preflight.reward_gate\n"
-        "m = grpo_monitor.monitor.memory.system_metrics()\n"
+        "import sys, grpo_monitor.preflight.memory, grpo_monitor.preflight.lint, grpo_monitor.preflight.reward_gate\n"
+        "import grpo_monitor.core.telemetry\nm = grpo_monitor.core.telemetry.system_metrics()\n"
         "heavy = [x for x in ('torch', 'transformers', 'trl', 'textual') if x in sys.modules]\n"
         "gpu = [k for k in m if k.startswith('system/gpu')]\n"
         "print(gpu, heavy, m['system/rss_peak_gib'] >= m['system/rss_gib'] > 0)\n"
@@ -236,7 +236,7 @@ def test_system_metrics_without_torch_and_light_imports():
 def test_system_metrics_after_torch_import_still_reports_process_memory():
     import torch  # noqa: F401  (CPU here: no device keys)
 
-    from grpo_monitor.monitor.memory import system_metrics
+    from grpo_monitor.core.telemetry import system_metrics
 
     m = system_metrics()
     assert m["system/rss_gib"] > 0

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from grpo_monitor.monitor.metrics import decode, derive_metrics, encode, normalize, normalize_metrics, reward_components
+from grpo_monitor.core.metrics import decode, derive_metrics, encode, normalize, normalize_metrics, reward_components
 
 
 @pytest.mark.parametrize(

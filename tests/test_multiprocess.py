@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from grpo_monitor.detectors import ALL_DETECTORS
-from grpo_monitor.monitor import analyze, read_run
-from grpo_monitor.monitor.restart import read_plan
+from grpo_monitor import analyze, read_run
+from grpo_monitor.core.restart import read_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

@@ -17,9 +17,9 @@ import json
 import pytest
 
 from grpo_monitor.detectors import ALL_DETECTORS
-from grpo_monitor.monitor.analysis import analyze_one
-from grpo_monitor.monitor.engine import Engine
-from grpo_monitor.monitor.sources import load_source
+from grpo_monitor.analysis.report import analyze_one
+from grpo_monitor.core.engine import Engine
+from grpo_monitor.readers import load_source
 from tests.conftest import SHARED
 
 RUNS = SHARED / "real-runs"

@@ -19,9 +19,9 @@ pytest.importorskip("textual")
 from textual.widgets import DataTable, TextArea  # noqa: E402
 
 from grpo_monitor.detectors.base import Detector, Finding  # noqa: E402
-from grpo_monitor.monitor import read_run  # noqa: E402
-from grpo_monitor.monitor.recommend import ADVICE, RECOMMENDED, TRIED, Recommender, recommend  # noqa: E402
-from grpo_monitor.monitor.tui import WatchApp  # noqa: E402
+from grpo_monitor import read_run  # noqa: E402
+from grpo_monitor.core.recommend import ADVICE, RECOMMENDED, TRIED, Recommender, recommend  # noqa: E402
+from grpo_monitor.app.dashboard import WatchApp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 aio = pytest.mark.asyncio
@@ -196,8 +196,8 @@ class PlantedCodeFix(Detector):
 def remedy_lineage(tmp_path_factory) -> Path:
     import transformers
 
-    from grpo_monitor.monitor import run_with_restarts
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor import run_with_restarts
+    from grpo_monitor.app.demo import build_trainer, demo_config
 
     transformers.logging.set_verbosity_error()
     root = tmp_path_factory.mktemp("remedy")
@@ -227,7 +227,7 @@ def test_a_remedy_is_advice_when_warned_acted_on_when_confirmed_and_tried_afterw
 
 def test_analyze_replays_a_remedy_and_a_code_fix_into_every_format(remedy_lineage):
     from grpo_monitor import analyze
-    from grpo_monitor.monitor.analysis import render_markdown, render_text
+    from grpo_monitor.analysis.report import render_markdown, render_text
 
     report = analyze(remedy_lineage, detectors=[PlantedRemedy(), PlantedCodeFix()])
     first = report.runs[0].to_dict()

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from grpo_monitor.detectors.base import Detector, Finding
-from grpo_monitor.monitor import read_run
-from grpo_monitor.monitor.catalogue import CatalogueError, apply_overrides, catalogue, validate
-from grpo_monitor.monitor.recommend import recommend
-from grpo_monitor.monitor.restart import PLAN_FILE, choose_checkpoint, read_plan
+from grpo_monitor import read_run
+from grpo_monitor.core.catalogue import CatalogueError, apply_overrides, catalogue, validate
+from grpo_monitor.core.recommend import recommend
+from grpo_monitor.core.restart import PLAN_FILE, choose_checkpoint, read_plan
 
 
 class PlantedFinding(Detector):
@@ -83,7 +83,7 @@ def test_catalogue_is_validated_against_installed_trl():
 def test_every_catalogue_entry_trains_a_step_and_changes_the_loss_path(tmp_path, variant):
     import transformers
 
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
+    from grpo_monitor.app.demo import build_trainer, demo_config
 
     transformers.logging.set_verbosity_error()
     base = demo_config(tmp_path / "t", 2, disable_tqdm=True, learning_rate=1e-3)
@@ -119,7 +119,7 @@ def test_choose_checkpoint(tmp_path):
 
 
 def _make_trainer(args):
-    from grpo_monitor.monitor.demo import build_trainer
+    from grpo_monitor.app.demo import build_trainer
 
     return build_trainer(args)
 
@@ -127,8 +127,8 @@ def _make_trainer(args):
 def test_run_with_restarts_switches_to_the_variant_and_records_the_lineage(tmp_path):
     import transformers
 
-    from grpo_monitor.monitor import run_with_restarts
-    from grpo_monitor.monitor.demo import demo_config
+    from grpo_monitor import run_with_restarts
+    from grpo_monitor.app.demo import demo_config
 
     transformers.logging.set_verbosity_error()
     args = demo_config(tmp_path / "out", 6, disable_tqdm=True, save_strategy="steps", save_steps=2)
@@ -161,8 +161,8 @@ def test_run_with_restarts_switches_to_the_variant_and_records_the_lineage(tmp_p
 def test_max_restarts_zero_never_stops(tmp_path):
     import transformers
 
-    from grpo_monitor.monitor import run_with_restarts
-    from grpo_monitor.monitor.demo import demo_config
+    from grpo_monitor import run_with_restarts
+    from grpo_monitor.app.demo import demo_config
 
     transformers.logging.set_verbosity_error()
     args = demo_config(tmp_path / "out", 4, disable_tqdm=True)
@@ -194,8 +194,8 @@ def test_findings_reach_tensorboard_when_the_run_reports_there(tmp_path, monkeyp
 
 
 def test_vllm_settings_are_validated_against_installed_trl():
-    from grpo_monitor.monitor.catalogue import installed
-    from grpo_monitor.monitor.recommend import IS_CORRECTION_OVERRIDES
+    from grpo_monitor.core.catalogue import installed
+    from grpo_monitor.core.recommend import IS_CORRECTION_OVERRIDES
 
     _, _, choices = installed()
     # read from the trainer's own branches, not written down here

@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from grpo_monitor.fixtures.tiny import REWARD_FUNCS, correctness_reward, format_reward
-from grpo_monitor.monitor.preflight.reward_gate import (
+from grpo_monitor.rewards.registry import load_reward_func
+from grpo_monitor.preflight.reward_gate import (
     GATE_FILE,
     GateSession,
     RewardGateError,
     check_gate,
-    load_reward_func,
     main_inspect,
     require_gate,
     reward_source_hash,
@@ -58,7 +58,7 @@ def _plain(app, selector):
 
 
 async def test_gate_screen_mark_note_save_and_check(completions, tmp_path):
-    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.app.gate_screen import RewardGateApp
 
     session = _session(completions)
     app = RewardGateApp(session, tmp_path, REWARD_FUNCS, {"model": "tiny"})
@@ -96,7 +96,7 @@ async def test_gate_screen_mark_note_save_and_check(completions, tmp_path):
 
 
 async def test_disagree_without_a_component_counts_every_component_wrong(completions, tmp_path):
-    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.app.gate_screen import RewardGateApp
 
     session = _session(completions)
     app = RewardGateApp(session, tmp_path, REWARD_FUNCS)
@@ -113,7 +113,7 @@ async def test_disagree_without_a_component_counts_every_component_wrong(complet
 
 
 async def test_screen_shows_model_text_literally(tmp_path):
-    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.app.gate_screen import RewardGateApp
 
     evil = "[bold red]x[/] [link=http://e]y[/link] \x1b[31mred\x1b[0m"
     samples = [{"prompt": "[b]p[/b]", "completion": evil, "columns": {"target": "1"}}]
@@ -140,7 +140,7 @@ def _write_rewards(path, name, target_pattern):
 
 
 async def test_check_gate_pass_changed_and_missing(completions, tmp_path):
-    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.app.gate_screen import RewardGateApp
 
     funcs = _write_rewards(tmp_path / "gate_rewards_v1.py", "gate_rewards_v1", r"<answer>\s*(\S+)\s*</answer>")
     run_dir = tmp_path / "run"
@@ -180,8 +180,8 @@ def test_source_hash_follows_what_the_function_reads():
 
 def test_attach_wrapping_keeps_the_gate_and_the_trainer_check(tmp_path):
     from grpo_monitor.callbacks import attach
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
-    from grpo_monitor.monitor.preflight.reward_gate import check_trainer_gate, reward_fingerprints
+    from grpo_monitor.app.demo import build_trainer, demo_config
+    from grpo_monitor.preflight.reward_gate import check_trainer_gate, reward_fingerprints
 
     trainer = build_trainer(demo_config(tmp_path / "trainer", 1))
     before = reward_fingerprints(trainer.reward_funcs)
@@ -258,8 +258,8 @@ def test_attach_refuses_to_train_without_a_passed_gate(tmp_path):
     import transformers
 
     from grpo_monitor.callbacks import attach
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
-    from grpo_monitor.monitor.preflight.reward_gate import RewardGateError
+    from grpo_monitor.app.demo import build_trainer, demo_config
+    from grpo_monitor.preflight.reward_gate import RewardGateError
 
     transformers.logging.set_verbosity_error()
     trainer = build_trainer(demo_config(tmp_path / "t", 2))
@@ -320,7 +320,7 @@ def test_reference_input_errors_exit_2(tmp_path, capsys):
 
 
 def test_verdict_records_function_reference_and_person_agreement(tmp_path):
-    from grpo_monitor.monitor.preflight.reward_gate import disagreements_first, read_samples_file, score_references
+    from grpo_monitor.preflight.reward_gate import disagreements_first, read_samples_file, score_references
 
     path, planted = _planted_samples(tmp_path, n=10, planted=(2, 7))
     samples = read_samples_file(path)
@@ -348,7 +348,7 @@ def test_verdict_records_function_reference_and_person_agreement(tmp_path):
 
 
 async def test_gate_screen_shows_the_reference_score(tmp_path):
-    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
+    from grpo_monitor.app.gate_screen import RewardGateApp
 
     samples = [{"prompt": "What is 1 + 1 ?", "completion": "<answer> 2.0 </answer>", "columns": {"target": "2"}}]
     session = GateSession(samples, {"correctness_reward": [0.0]}, min_judged=1,
@@ -386,8 +386,8 @@ def test_interactive_gate_hands_the_screen_the_disagreements_first(tmp_path):
 
 
 def test_the_command_line_opens_the_screen_for_the_gate(tmp_path, monkeypatch):
-    import grpo_monitor.monitor.preflight.gate_app as gate_app
-    from grpo_monitor.monitor.cli import main
+    import grpo_monitor.app.gate_screen as gate_app
+    from grpo_monitor.app.cli import main
 
     path, planted = _planted_samples(tmp_path, n=6, planted=(4,))
     opened = {}
@@ -442,7 +442,7 @@ def test_model_folder_without_tokenizer_is_one_line_exit_2(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and str(folder) in err
     assert "no tokenizer files" in err and "--tokenizer" in err
     # The real command line says the same, without a traceback.
-    proc = subprocess.run([sys.executable, "-m", "grpo_monitor.monitor", "inspect-rewards", *argv],
+    proc = subprocess.run([sys.executable, "-m", "grpo_monitor", "inspect-rewards", *argv],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no tokenizer files" in proc.stderr
     # Passing the tokenizer it was trained with makes the folder usable.
@@ -522,8 +522,8 @@ def test_sampled_lengths_against_max_completion_length(tmp_path, capsys):
 
 
 async def test_gate_screen_shows_the_checks_and_the_verdict_keeps_them(tmp_path):
-    from grpo_monitor.monitor.preflight.gate_app import RewardGateApp
-    from grpo_monitor.monitor.preflight.reward_gate import preflight_checks
+    from grpo_monitor.app.gate_screen import RewardGateApp
+    from grpo_monitor.preflight.reward_gate import preflight_checks
 
     samples = [{"prompt": "What is 1 + 1 ?", "completion": f"<answer> {i} </answer>", "columns": {"target": "2"}}
                for i in range(10)]

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from grpo_monitor.monitor.rewards import (
+from grpo_monitor.rewards import (
     ExactMatchReward,
     FormatReward,
     JudgeReward,
@@ -294,21 +294,21 @@ def test_parse_score_forms():
 
 
 def test_rewards_package_is_light_to_import():
-    code = ("import sys, grpo_monitor.monitor, grpo_monitor.monitor.rewards; from grpo_monitor.monitor.rewards import exact_match, json_schema, "
+    code = ("import sys, grpo_monitor, grpo_monitor.rewards; from grpo_monitor.rewards import exact_match, json_schema, "
             "unit_test_reward, SoftOverlong, JudgeReward, format_and_correctness\n"
             "heavy = [m for m in ('torch', 'transformers', 'trl', 'textual', 'math_verify', 'sympy', 'jsonschema') "
             "if m in sys.modules]\nprint(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
-    code2 = "import sys, grpo_monitor, grpo_monitor.monitor\nprint('grpo_monitor.monitor.rewards' in sys.modules)"
+    code2 = "import sys, grpo_monitor, grpo_monitor\nprint('grpo_monitor.rewards' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code2], capture_output=True, text=True, timeout=60).stdout.strip() == "False"
 
 
 def test_references_are_picklable_for_trl_workers():
     import pickle
 
-    from grpo_monitor.monitor.rewards import unit_test_reward
+    from grpo_monitor.rewards import unit_test_reward
 
     for f in (exact_match, json_schema, unit_test_reward, SoftOverlong(exact_match, 8, 2), FormatReward(),
               JudgeReward("r", base_url="http://127.0.0.1:9/v1")):

@@ -45,7 +45,7 @@ class _FlakyJudge(BaseHTTPRequestHandler):
 
 
 def test_composite_reward_trains_with_the_monitor(tmp_path):
-    from grpo_monitor.monitor.rewards import JudgeReward, SoftOverlong, format_and_correctness
+    from grpo_monitor.rewards import JudgeReward, SoftOverlong, format_and_correctness
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FlakyJudge)
     server.request_queue_size = 64
@@ -80,8 +80,8 @@ def test_unit_test_reward_trains_on_a_tiny_code_task(tmp_path):
 
     from grpo_monitor.callbacks import attach
     from grpo_monitor.fixtures.tiny import build_model, build_tokenizer, task_rows
-    from grpo_monitor.monitor.demo import demo_config
-    from grpo_monitor.monitor.rewards import Limits, Sandbox, UnitTestReward
+    from grpo_monitor.app.demo import demo_config
+    from grpo_monitor.rewards import Limits, Sandbox, UnitTestReward
 
     transformers.logging.set_verbosity_error()
     # The task: a program that runs cleanly and prints what the test expects. The tiny model's
@@ -114,7 +114,7 @@ def test_unit_test_reward_trains_on_a_tiny_code_task(tmp_path):
 
 def test_judge_with_a_local_transformers_model_never_raises():
     from grpo_monitor.fixtures.tiny import build_model, build_tokenizer
-    from grpo_monitor.monitor.rewards import JudgeReward, local_judge
+    from grpo_monitor.rewards import JudgeReward, local_judge
 
     gen = local_judge(build_model(warm_start=150), build_tokenizer(), max_new_tokens=8)
     j = JudgeReward("answer with the right sum", generate=gen, retries=1, backoff=0.0)

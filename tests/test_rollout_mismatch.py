@@ -12,9 +12,9 @@ import pytest
 from grpo_monitor.detectors import ALL_DETECTORS
 from grpo_monitor.detectors.rollout_mismatch import RolloutMismatch
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.monitor.engine import Engine
-from grpo_monitor.monitor.metrics import normalize
-from grpo_monitor.monitor.recommend import IS_CORRECTION, Recommender, recommend
+from grpo_monitor.core.engine import Engine
+from grpo_monitor.core.metrics import normalize
+from grpo_monitor.core.recommend import IS_CORRECTION, Recommender, recommend
 from tests.conftest import ROOT, SHARED
 
 ALARM = ("warning", "critical")
@@ -150,7 +150,7 @@ def _finding(severity="critical"):
 def test_the_recommendation_builds_a_grpoconfig_of_the_installed_trl(tmp_path, moe):
     from trl import GRPOConfig
 
-    from grpo_monitor.monitor.catalogue import apply_overrides, validate
+    from grpo_monitor.core.catalogue import apply_overrides, validate
 
     base = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_importance_sampling_correction=False,
                       vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_min=0.1,
@@ -224,9 +224,9 @@ class PlantedMismatch(RolloutMismatch):
 def test_the_mismatch_fix_joins_the_restart_protocol(tmp_path):
     import transformers
 
-    from grpo_monitor.monitor import read_run, run_with_restarts
-    from grpo_monitor.monitor.demo import build_trainer, demo_config
-    from grpo_monitor.monitor.restart import read_plan
+    from grpo_monitor import read_run, run_with_restarts
+    from grpo_monitor.app.demo import build_trainer, demo_config
+    from grpo_monitor.core.restart import read_plan
 
     transformers.logging.set_verbosity_error()
     args = demo_config(tmp_path / "out", 5, disable_tqdm=True, vllm_importance_sampling_correction=False)

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from grpo_monitor.monitor.runlog import RUN_FILE, RunLogError, RunWriter, load_run, read_run, samples_file
+from grpo_monitor.core.runlog import RUN_FILE, RunLogError, RunWriter, load_run, read_run, samples_file
 
 
 def write_run(path, steps=3):

@@ -8,7 +8,6 @@ reach no listener and leave no process behind. Limits are small so the suite sta
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -18,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor.monitor.rewards.sandbox import UID_BASE, Limits, Sandbox
-from grpo_monitor.monitor.rewards.unit_tests import SplitTest, UnsplittableTestError, UnitTestReward
+from grpo_monitor.rewards.sandbox import UID_BASE, Limits, Sandbox
+from grpo_monitor.rewards.unit_tests import SplitTest, UnsplittableTestError, UnitTestReward
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = Limits(wall=3.0, cpu=2, memory=512 << 20, fsize=8 << 20, nproc=16, output=16 << 10)

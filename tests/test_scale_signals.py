@@ -14,8 +14,8 @@ from grpo_monitor.detectors.base import RunContext
 from grpo_monitor.detectors.degenerate_long_cot import DegenerateLongCot, long_completion_repetition
 from grpo_monitor.detectors.entropy_collapse import duplicate_share
 from grpo_monitor.detectors.signals import fair_sample, groups_of, repeated_ngram_share
-from grpo_monitor.monitor.engine import Engine
-from grpo_monitor.monitor.runlog import RunWriter, SampleIndex, StepSamples, read_run
+from grpo_monitor.core.engine import Engine
+from grpo_monitor.core.runlog import RunWriter, SampleIndex, StepSamples, read_run
 
 EOS = 2
 G = 16
@@ -167,7 +167,7 @@ def test_default_retention_keeps_numbers_for_all_and_text_for_a_bounded_fair_set
 
 
 def test_the_reward_gate_reads_a_samples_file_with_numbers_only_records(tmp_path: Path):
-    from grpo_monitor.monitor.preflight.reward_gate import read_samples_file
+    from grpo_monitor.preflight.reward_gate import read_samples_file
 
     tap, records = tap_records([prose(50, i) for i in range(40)])
     tap.add_text(records, lambda r: r["index"] % 4 == 0)
@@ -234,8 +234,8 @@ def test_sample_index_grows_with_the_files_and_reads_other_writers_lines(tmp_pat
 
 
 def test_the_dashboard_tailer_indexes_samples_instead_of_parsing_them(tmp_path: Path):
-    from grpo_monitor.monitor.tui.model import RunModel
-    from grpo_monitor.monitor.tui.tail import RunTailer
+    from grpo_monitor.app.dashboard.model import RunModel
+    from grpo_monitor.app.dashboard.tail import RunTailer
 
     write_two_ranks(tmp_path)
     tailer = RunTailer(tmp_path, index_samples=True)

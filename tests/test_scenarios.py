@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grpo_monitor.monitor import read_run
-from grpo_monitor.monitor.lineage import read_lineage
+from grpo_monitor import read_run
+from grpo_monitor.core.lineage import read_lineage
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpo_monitor.monitor.metrics import normalize
-from grpo_monitor.monitor.runlog import RunWriter
-from grpo_monitor.monitor.sources import Source, SourceError, detect_format, load_source
+from grpo_monitor.core.metrics import normalize
+from grpo_monitor.core.runlog import RunWriter
+from grpo_monitor.readers import Source, SourceError, detect_format, load_source
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 REAL_RUNS = sorted((SHARED / "real-runs").glob("*.trainer_state.json")) if (SHARED / "real-runs").is_dir() else []
@@ -424,7 +424,7 @@ def test_tensorboard_summarywriter_file(tmp_path):
 
 
 def test_tensorboard_fast_path_equals_general_parser(tmp_path):
-    from grpo_monitor.monitor.sources.tensorboard import read_tensorboard
+    from grpo_monitor.readers.tensorboard import read_tensorboard
 
     events = [(s, f"train/m{k}", float(s * k)) for s in range(0, 300) for k in range(5)]
     events += [(2**40, "train/m0", 1.0), (7, "a" * 200, 3.0)]  # long varints take the general path
@@ -583,7 +583,7 @@ def test_tensorboard_alias_tags_merge_like_normalize_metrics(tmp_path):
 
 
 def test_tensorboard_tags_that_are_not_utf8_stay_distinct(tmp_path):
-    from grpo_monitor.monitor.sources.tensorboard import read_tensorboard
+    from grpo_monitor.readers.tensorboard import read_tensorboard
 
     p = tmp_path / "events.out.tfevents.1"
     write_tb_file(p, [(1, "x", 1.0)])
@@ -609,7 +609,7 @@ def test_reading_foreign_logs_stays_light(tmp_path):
     write_json(tmp_path / "trainer_state.json", trainer_state([dict(TRL_116_ENTRY, step=1)]))
     write_run(tmp_path / "run", steps=2)
     code = (
-        "import sys\nfrom grpo_monitor.monitor.sources import load_source\n"
+        "import sys\nfrom grpo_monitor.readers import load_source\n"
         f"for p in ['events.out.tfevents.1', 'm.csv', 'm.jsonl', 'trainer_state.json', 'run']:\n"
         f"    load_source({str(tmp_path)!r} + '/' + p)\n"
         "print(','.join(m for m in ('torch', 'tensorboard', 'pandas', 'transformers', 'google.protobuf') if m in sys.modules))\n"

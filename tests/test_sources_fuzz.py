@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_monitor.monitor.sources import FORMATS, Source, SourceError, load_source
+from grpo_monitor.readers import FORMATS, Source, SourceError, load_source
 
 # GRPO_MONITOR_FUZZ_EXAMPLES=2000 for a longer search than the default run affords.
 FUZZ = settings(
@@ -186,7 +186,7 @@ def _event(step: int, tag: bytes, value: float) -> bytes:
 )
 def test_mutated_event_files(events, flips, cut):
     from tensorboard.summary.writer.record_writer import RecordWriter
-    from grpo_monitor.monitor.sources.tensorboard import read_tensorboard
+    from grpo_monitor.readers.tensorboard import read_tensorboard
 
     with folder() as d:
         p = d / "events.out.tfevents.0"
@@ -238,7 +238,7 @@ STEP_CELL = st.one_of(st.integers(-(2**64), 2**64).map(str), st.sampled_from([""
 )
 def test_csv_readers_agree(columns, rows, delim, step_first):
     """A long export goes through pandas' reader, a short one cell by cell: the same table either way."""
-    import grpo_monitor.monitor.sources.tabular as tabular
+    import grpo_monitor.readers.tabular as tabular
 
     def line(step, cells):
         cells = cells[: len(columns)]
@@ -261,7 +261,7 @@ def test_csv_readers_agree(columns, rows, delim, step_first):
 @given(value=JSON, allow_nan=st.booleans(), data=st.binary(max_size=60))
 def test_json_parsers_agree(value, allow_nan, data):
     """orjson where it accepts the text, the standard parser's value or error everywhere else."""
-    from grpo_monitor.monitor.jsonparse import loads
+    from grpo_monitor.core.jsonparse import loads
 
     try:
         text = json.dumps(value, allow_nan=allow_nan)
@@ -303,7 +303,7 @@ STEPISH = st.sampled_from(["step", "_step", "global_step", "train/global_step", 
 )
 def test_jsonl_nested_records_read_as_flattened(lines):
     """``{"step": 7, "data": {...}}`` lines skip the flat copy: the same table as flattening them."""
-    import grpo_monitor.monitor.sources.tabular as tabular
+    import grpo_monitor.readers.tabular as tabular
 
     text = "".join(json.dumps({**outer, nested: inner}) + "\n" for outer, nested, inner in lines)
     original = tabular._only_nested
@@ -492,7 +492,7 @@ def test_trackio_databases_with_arbitrary_rows(rows):
                       max_size=30))
 def test_ansi_stripping_is_the_regex_substitution(parts):
     """The escape-by-escape stripping (fast on a 100 MB log) removes exactly what the pattern matches."""
-    from grpo_monitor.monitor.sources.console import _ANSI, strip_ansi
+    from grpo_monitor.readers.console import _ANSI, strip_ansi
 
     text = "".join(parts)
     assert strip_ansi(text) == _ANSI.sub("", text)

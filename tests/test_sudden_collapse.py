@@ -7,8 +7,8 @@ import pytest
 
 from grpo_monitor.detectors import NoLearningSignal, RunContext, SuddenCollapse
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.monitor.recommend import LOWER_LR, Recommender, recommend
-from grpo_monitor.monitor.restart import choose_checkpoint, reapply_learning_rate
+from grpo_monitor.core.recommend import LOWER_LR, Recommender, recommend
+from grpo_monitor.core.restart import choose_checkpoint, reapply_learning_rate
 
 
 def _findings(det, run):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor.monitor.restart import read_plan
+from grpo_monitor.core.restart import read_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = textwrap.dedent("""
     import json, os, sys, time
     sys.path.insert(0, {root!r})
-    from grpo_monitor.monitor.restart import RestartPlan, env_state, write_plan
+    from grpo_monitor.core.restart import RestartPlan, env_state, write_plan
     state = env_state()
     seg = state["segment"]
     with open(os.path.join({log!r}), "a") as fh:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_monitor.monitor.sources import tensorboard as tb
+from grpo_monitor.readers import tensorboard as tb
 
 FUZZ = settings(
     max_examples=int(os.environ.get("GRPO_MONITOR_FUZZ_EXAMPLES", "150")), deadline=None,

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpo_monitor.monitor.metrics import SUMMARY_KEYS, normalize
-from grpo_monitor.monitor.sources import load_source
+from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize
+from grpo_monitor.readers import load_source
 
 pytest.importorskip("trl")
 pytest.importorskip("tensorboard")

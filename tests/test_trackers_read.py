@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpo_monitor.monitor.sources import SourceError, load_source
+from grpo_monitor.readers import SourceError, load_source
 
 pytest.importorskip("trl")
 pytest.importorskip("wandb")
@@ -26,7 +26,7 @@ STEPS, LOGGING_STEPS = 24, 2
 # (no learning signal) whatever the trajectory, and the readers must agree on a finding, not on silence.
 SCRIPT = f"""
 import sys
-from grpo_monitor.monitor.demo import build_trainer, demo_config
+from grpo_monitor.app.demo import build_trainer, demo_config
 
 
 def flat_reward(completions, **kwargs):
@@ -84,7 +84,7 @@ def test_same_frame_as_trainer_state(run, kind):
 
 
 def analyze_json(path: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "grpo_monitor.monitor.cli", "analyze", str(path), "--json"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "grpo_monitor.app.cli", "analyze", str(path), "--json"], capture_output=True,
                           text=True, timeout=600, cwd=ROOT)
     assert proc.returncode in (0, 1, 3), proc.stderr
     return json.loads(proc.stdout)["runs"][0]

@@ -15,10 +15,10 @@ pytest.importorskip("textual")
 from rich.console import Console  # noqa: E402
 from textual.widgets import DataTable, Static, TextArea  # noqa: E402
 
-from grpo_monitor.monitor.runlog import RunWriter, dumps  # noqa: E402
-from grpo_monitor.monitor.tui import WatchApp  # noqa: E402
-from grpo_monitor.monitor.tui.model import RunModel  # noqa: E402
-from grpo_monitor.monitor.tui.synthetic import (  # noqa: E402
+from grpo_monitor.core.runlog import RunWriter, dumps  # noqa: E402
+from grpo_monitor.app.dashboard import WatchApp  # noqa: E402
+from grpo_monitor.app.dashboard.model import RunModel  # noqa: E402
+from grpo_monitor.fixtures.dashboard_run import (  # noqa: E402
     FINDINGS,
     RECOMMENDATION,
     append_steps,
@@ -26,8 +26,8 @@ from grpo_monitor.monitor.tui.synthetic import (  # noqa: E402
     step_record,
     write_synthetic_run,
 )
-from grpo_monitor.monitor.tui.tail import RunTailer  # noqa: E402
-from grpo_monitor.monitor.tui.widgets.chart import Buckets, LineChart, braille, bucket_width, column_spans  # noqa: E402
+from grpo_monitor.app.dashboard.tail import RunTailer  # noqa: E402
+from grpo_monitor.app.dashboard.widgets.chart import Buckets, LineChart, braille, bucket_width, column_spans  # noqa: E402
 
 aio = pytest.mark.asyncio
 FAST = 0.05  # poll interval for tests: the app under test reacts within a frame or two
@@ -328,7 +328,7 @@ async def test_segments_count_from_one_for_run_directories_and_replayed_logs(tmp
         await loaded(pilot)
         assert "replayed" in header_text(app) and "seg 1 · 0 restarts" in header_text(app)
     # analyze's report numbers the same lineage the same way.
-    from grpo_monitor.monitor.analysis import analyze, render_text
+    from grpo_monitor.analysis.report import analyze, render_text
 
     text = render_text(analyze(d))
     heads = [line for line in text.splitlines() if line.startswith("== ")]
@@ -544,7 +544,7 @@ async def test_dense_run_has_no_moe_panel(tmp_path: Path) -> None:
 
 @aio
 async def test_foreign_log_is_replayed_through_the_detectors(tmp_path: Path) -> None:
-    sources = pytest.importorskip("grpo_monitor.monitor.sources")
+    sources = pytest.importorskip("grpo_monitor.readers")
     state = tmp_path / "trainer_state.json"
     history = [{"step": s, "loss": 0.1, "entropy": 0.5 - 0.004 * s, "completion_length": 20.0 + s,
                 "rewards/format_reward": 0.5, "reward": 0.5, "grad_norm": 1.0} for s in range(1, 41)]
@@ -560,7 +560,7 @@ async def test_foreign_log_is_replayed_through_the_detectors(tmp_path: Path) -> 
 
 @aio
 async def test_unreadable_path_closes_the_app_with_one_line(tmp_path: Path) -> None:
-    pytest.importorskip("grpo_monitor.monitor.sources")
+    pytest.importorskip("grpo_monitor.readers")
     bad = tmp_path / "notes.txt"
     bad.write_text("hello\n")
     app = WatchApp(bad, poll_interval=FAST)
@@ -572,7 +572,7 @@ async def test_unreadable_path_closes_the_app_with_one_line(tmp_path: Path) -> N
 
 @aio
 async def test_unreadable_path_with_wait_is_reported_on_screen(tmp_path: Path) -> None:
-    pytest.importorskip("grpo_monitor.monitor.sources")
+    pytest.importorskip("grpo_monitor.readers")
     bad = tmp_path / "notes.txt"
     bad.write_text("hello\n")
     app = WatchApp(bad, poll_interval=FAST, wait=True)
@@ -584,7 +584,7 @@ async def test_unreadable_path_with_wait_is_reported_on_screen(tmp_path: Path) -
 
 
 def test_check_path_names_the_path_and_the_fault(tmp_path: Path) -> None:
-    from grpo_monitor.monitor.tui import check_path
+    from grpo_monitor.app.dashboard import check_path
 
     missing = tmp_path / "typo"
     assert "no such file or directory" in check_path(missing) and str(missing) in check_path(missing)

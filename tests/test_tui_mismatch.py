@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("textual")
 
-from grpo_monitor.monitor.runlog import RunWriter  # noqa: E402
-from grpo_monitor.monitor.tui import WatchApp  # noqa: E402
-from grpo_monitor.monitor.tui.synthetic import header, step_record, write_synthetic_run  # noqa: E402
-from grpo_monitor.monitor.tui.widgets.chart import LineChart  # noqa: E402
+from grpo_monitor.core.runlog import RunWriter  # noqa: E402
+from grpo_monitor.app.dashboard import WatchApp  # noqa: E402
+from grpo_monitor.fixtures.dashboard_run import header, step_record, write_synthetic_run  # noqa: E402
+from grpo_monitor.app.dashboard.widgets.chart import LineChart  # noqa: E402
 
 WIDE = (160, 48)
 

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("pytest_textual_snapshot")
 
-from grpo_monitor.monitor.tui import WatchApp  # noqa: E402
-from grpo_monitor.monitor.tui.synthetic import write_synthetic_run  # noqa: E402
+from grpo_monitor.app.dashboard import WatchApp  # noqa: E402
+from grpo_monitor.fixtures.dashboard_run import write_synthetic_run  # noqa: E402
 
 NARROW = (80, 24)
 WIDE = (160, 48)

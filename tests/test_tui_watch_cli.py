@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("textual")
 
-from grpo_monitor.monitor.runlog import RunWriter  # noqa: E402
-from grpo_monitor.monitor.tui.synthetic import header  # noqa: E402
+from grpo_monitor.core.runlog import RunWriter  # noqa: E402
+from grpo_monitor.fixtures.dashboard_run import header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "TERM": "xterm-256color", "TEXTUAL_ANIMATIONS": "none", "COLUMNS": "100", "LINES": "30"}

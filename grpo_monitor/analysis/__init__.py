@@ -1,0 +1,1 @@
+"""Offline analysis: replaying the detectors over a recorded run, the verdict, and the report (text, JSON, Markdown)."""

@@ -1,0 +1,978 @@
+"""Offline analysis: replay the detectors over a finished run, exactly as the live monitor would.
+
+The replay feeds each logged step (and its samples, for our run directories) through the same
+``Engine`` the callback uses, in step order, so a finding's ``step`` is the step at which the
+live monitor raised or would have raised it. A run directory's ``config_*`` findings (the
+pre-flight checks the callback wrote at the start) are part of its report, as they were live.
+
+Every report says which detectors could judge the run and why the others could not. A run no
+failure detector could judge is never called healthy: its verdict is ``cannot_judge``, with the
+metrics found and the ones needed, and ``analyze`` exits 3. A run directory that ended without
+its final summary is ``incomplete``; one ``run.jsonl`` holding two runs is reported as two runs; a
+folder of runs is analysed run by run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_monitor.detectors.base import Finding
+from grpo_monitor.core.engine import Engine
+from grpo_monitor.core.recommend import Recommender, lineage_options
+from grpo_monitor.core.recommend import title as rec_title
+
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm")
+VERDICTS = ("healthy", "incomplete", "cannot_judge", "warning", "critical")
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_NOT_JUDGED = 0, 1, 2, 3
+_BARS = "▁▂▃▄▅▆▇█"
+# The inputs the failure detectors read, in the order a user would map them.
+KEY_INPUTS = ("reward", "completions/mean_length", "completions/clipped_ratio", "entropy", "frac_reward_zero_std",
+              "reward_std", "rewards/<name>/mean")
+# ``--map`` targets a user may write short.
+MAP_TARGETS = {
+    "length": "completions/mean_length",
+    "mean_length": "completions/mean_length",
+    "completion_length": "completions/mean_length",
+    "max_length": "completions/max_length",
+    "clipped_ratio": "completions/clipped_ratio",
+    "clipped": "completions/clipped_ratio",
+    "truncated": "completions/clipped_ratio",
+    "correctness": "rewards/correctness/mean",
+    "correct": "rewards/correct/mean",
+    "accuracy": "rewards/accuracy/mean",
+    "format": "rewards/format/mean",
+    "zero_std": "frac_reward_zero_std",
+}
+
+
+@dataclass
+class RunReport:
+    source: str
+    format: str
+    steps: int
+    findings: list[Finding]
+    recommendations: list[dict[str, Any]]
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    # The file (or folder) actually read, which detectors could judge, the metrics with a value.
+    file: str = ""
+    coverage: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics_found: list[str] = field(default_factory=list)
+    # None (finished, or nothing says otherwise), "incomplete" (no final summary), "restarted"
+    # (stopped by the monitor for a restart), with a sentence saying so.
+    status: str | None = None
+    status_note: str = ""
+    # The run's segment in a restarted lineage, counted from 1 as every screen shows it (headers
+    # record it from 0); None for a run that was never restarted.
+    segment: int | None = None
+    # Patterns in the run that look wrong but are normal GRPO behaviour (``monitor.explain``); they
+    # never change the verdict.
+    notes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def judged_by(self) -> list[str]:
+        return [d for d, c in self.coverage.items() if c.get("role") == "failure" and c.get("status") == "judged"]
+
+    @property
+    def not_judged(self) -> dict[str, str]:
+        return {d: str(c.get("reason")) for d, c in self.coverage.items()
+                if c.get("role") == "failure" and c.get("status") != "judged" and c.get("status") != "not_applicable"}
+
+    @property
+    def worst_severity(self) -> int:
+        return max((SEVERITY_RANK.get(f.severity, 0) for f in self.findings), default=-1)
+
+    @property
+    def verdict(self) -> str:
+        worst = self.worst_severity
+        if worst >= 2:
+            return "critical"
+        if worst == 1:
+            return "warning"
+        if self.coverage and not self.judged_by:
+            return "cannot_judge"
+        if self.status == "incomplete":
+            return "incomplete"
+        return "healthy"
+
+    @property
+    def flagged(self) -> bool:
+        return any(f.severity in ("warning", "critical") for f in self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        v = self.verdict
+        if v in ("critical", "warning"):
+            return EXIT_FINDINGS
+        return EXIT_NOT_JUDGED if v in ("cannot_judge", "incomplete") else EXIT_CLEAN
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "source": self.source,
+            "steps": self.steps,
+            "findings": [f.to_dict() for f in self.findings],
+            "recommendations": self.recommendations,
+            "file": self.file,
+            "format": self.format,
+            "verdict": self.verdict,
+            "judged_by": self.judged_by,
+            "not_judged": self.not_judged,
+            "metrics_found": self.metrics_found,
+        }
+        if self.status:
+            out["status"] = self.status
+            out["status_note"] = self.status_note
+        if self.verdict == "cannot_judge":
+            out["needs"] = needs_text(self)
+        if self.warnings:
+            out["notes"] = list(self.warnings)
+        # Explanations of normal behaviour under their own key: "notes" has carried the read warnings.
+        out["normal"] = list(self.notes)
+        return out
+
+
+@dataclass
+class Report:
+    runs: list[RunReport]
+    # Paths inside an analysed folder that could not be read: (path, one-line reason).
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    # Loose files beside the runs of a folder that looked like logs but did not read as one.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a run has a warning or critical finding; else 2 when a run could not be read;
+        else 3 when a run could not be judged or is incomplete; else 0."""
+        codes = {r.exit_code for r in self.runs}
+        if EXIT_FINDINGS in codes:
+            return EXIT_FINDINGS
+        if self.errors:
+            return EXIT_BAD_INPUT
+        if EXIT_NOT_JUDGED in codes:
+            return EXIT_NOT_JUDGED
+        return EXIT_CLEAN
+
+    def to_dict(self) -> dict[str, Any]:
+        # A run of the folder that could not be read keeps the fixed shape, with its error.
+        unreadable = [{"source": p, "steps": 0, "findings": [], "recommendations": [], "verdict": "unreadable", "error": e}
+                      for p, e in self.errors]
+        return {"runs": [r.to_dict() for r in self.runs] + unreadable}
+
+
+# -- preparing a source ----------------------------------------------------------------------
+
+
+def parse_mapping(items: Sequence[str] | Mapping[str, str] | None) -> dict[str, str]:
+    """``["score_mean=reward", ...]`` (or a dict) as ``{column: metric}``; raises ValueError on a bad item.
+
+    The metric may be a TRL name (``reward``, ``entropy``, ``completions/mean_length``,
+    ``rewards/<name>/mean``), a short form (``length``, ``clipped_ratio``, ``correctness``) or any
+    spelling the normaliser knows.
+
+    >>> parse_mapping(["score_mean=reward", "acc = correctness", "len=length"])
+    {'score_mean': 'reward', 'acc': 'rewards/correctness/mean', 'len': 'completions/mean_length'}
+    """
+    from grpo_monitor.core.metrics import normalize
+
+    if items is None:
+        return {}
+    pairs: list[tuple[str, str]] = []
+    if isinstance(items, Mapping):
+        pairs = [(str(k), str(v)) for k, v in items.items()]
+    else:
+        for item in items:
+            column, sep, metric = str(item).partition("=")
+            if not sep or not column.strip() or not metric.strip():
+                raise ValueError(f"--map {item!r}: expected COLUMN=METRIC, e.g. --map score_mean=reward")
+            pairs.append((column, metric))
+    out: dict[str, str] = {}
+    for column, metric in pairs:
+        column, metric = column.strip(), metric.strip()
+        out[column] = normalize(MAP_TARGETS.get(metric, metric))
+    return out
+
+
+def prepare(src: Any, mapping: Mapping[str, str] | None = None) -> Any:
+    return prepare_names(src, mapping)[0]
+
+
+def prepare_names(src: Any, mapping: Mapping[str, str] | None = None) -> tuple[Any, list[str]]:
+    """Apply a user's column mapping and derive the metrics a log reports in parts, in place;
+    the source and its metric names afterwards.
+
+    A mapped column is found under its name as logged or as normalised; the mapped metric wins
+    over one of the same name the log already had.
+    """
+    from grpo_monitor.detectors.signals import reward_names_in
+    from grpo_monitor.core.metrics import derive_metrics, normalize
+
+    names = src.metric_names()
+    renames: dict[str, str] = {}
+    for column, metric in (mapping or {}).items():
+        for key in (column, normalize(column)):
+            if key in names and key != metric:
+                renames[key] = metric
+                break
+        else:
+            if metric not in names:
+                src.warnings.append(f"--map {column}={metric}: the run logs no column {column!r}")
+    probe = dict.fromkeys(names, 0.0)
+    derives = derive_metrics(probe) is not None
+    if renames or derives:
+        steps = []
+        for step, metrics in src.steps:
+            m = dict(metrics)
+            for key, metric in renames.items():
+                if key in m:
+                    v = m.pop(key)
+                    if v is not None or metric not in m:
+                        m[metric] = v
+            if derives:
+                extra = derive_metrics(m)
+                if extra:
+                    m.update(extra)
+            steps.append((step, m))
+        src.steps = steps
+    if renames:
+        known = list(src.context.reward_names or [])
+        for name in reward_names_in(renames.values()):
+            if name not in known:
+                known.append(name)
+        src.context.reward_names = known
+        if src.context.correctness_reward is None or src.context.format_reward is None:
+            from grpo_monitor.detectors.signals import _CORRECT_HINT, _FORMAT_HINT
+
+            for name in known:
+                if src.context.correctness_reward is None and _CORRECT_HINT.search(name) and not _FORMAT_HINT.search(name):
+                    src.context.correctness_reward = name
+                if src.context.format_reward is None and _FORMAT_HINT.search(name):
+                    src.context.format_reward = name
+    if renames or derives:
+        names = list(dict.fromkeys([renames.get(n, n) for n in names] + (["frac_reward_zero_std"] if derives else [])))
+    return src, names
+
+
+def names_with_values(steps: Sequence[tuple[int, Mapping[str, Any]]], names: Sequence[str] | None = None) -> list[str]:
+    """The metric names (all of ``names``, by default every name logged) holding a finite value at
+    some step, in their order. Steps are walked only until every name has shown one."""
+    if names is None:
+        names = list(dict.fromkeys(k for _, m in steps for k in m))
+    pending = dict.fromkeys(names)
+    found: set[str] = set()
+    for _, metrics in steps:
+        if not pending:
+            break
+        done = [k for k in pending if _finite(metrics.get(k))]
+        for k in done:
+            del pending[k]
+            found.add(k)
+    return [n for n in names if n in found]
+
+
+def _finite(v: Any) -> bool:
+    return v is not None and not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _has_samples(src: Any) -> bool:
+    try:
+        return len(src.samples) > 0
+    except Exception:
+        return bool(src.samples)
+
+
+def replay(src: Any, detectors: Sequence[Any] | None = None) -> tuple[list[Finding], list[dict[str, Any]]]:
+    findings, recs, _ = replay_with_coverage(src, detectors)
+    return findings, recs
+
+
+def replay_with_coverage(
+    src: Any, detectors: Sequence[Any] | None = None, names: Sequence[str] | None = None
+) -> tuple[list[Finding], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    engine = Engine(src.context, detectors)
+    engine.replay(src.steps, src.samples, processes=None)
+    # A segment of a restarted lineage: what earlier segments tried is shown as tried, not dropped.
+    header = getattr(getattr(src, "run", None), "header", None)
+    recommender = Recommender(src.context.config, is_moe=src.context.is_moe, **lineage_options(header))
+    # The pre-flight findings come first, as the live callback met them at the start.
+    recs = [r for r in (recommender(f.to_dict()) for f in [*config_findings(src), *engine.findings]) if r is not None]
+    if names is None:
+        names = names_with_values(src.steps, src.metric_names())
+    coverage = engine.coverage(set(names), _has_samples(src))
+    if not src.steps:
+        for c in coverage.values():
+            if c["status"] in ("judged", "too_few_points", "missing_inputs"):
+                c["status"], c["reason"] = "missing_inputs", "no logged step"
+    return engine.findings, recs, coverage
+
+
+def config_findings(src: Any) -> list[Finding]:
+    """The pre-flight ``config_*`` findings a run directory's callback wrote at the start."""
+    run = getattr(src, "run", None)
+    out = []
+    for rec in getattr(run, "findings", None) or []:
+        if not str(rec.get("detector", "")).startswith("config_"):
+            continue
+        try:
+            out.append(Finding.from_dict(rec))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def run_status(src: Any) -> tuple[str | None, str]:
+    """Whether a run directory finished: its final summary, a restart the monitor asked for, or neither."""
+    run = getattr(src, "run", None)
+    if run is None or src.format != "run_dir":
+        return None, ""
+    if getattr(run, "summary", None) is not None:
+        return None, ""
+    if getattr(run, "restarts", None):
+        return "restarted", "stopped by the monitor to restart with a variant (see its segments)"
+    if not src.steps:
+        return "incomplete", "no logged step: the run stopped before its first log, or has not logged yet"
+    last = src.steps[-1][0]
+    config = src.context.config or {}
+    max_steps = config.get("max_steps")
+    of = f" of max_steps {max_steps}" if isinstance(max_steps, int) and max_steps > 0 else ""
+    if of and last >= max_steps:
+        return None, ""
+    age = ""
+    with contextlib.suppress(OSError):
+        import time
+
+        seconds = time.time() - (Path(run.path) / "run.jsonl").stat().st_mtime
+        age = f", last written {_ago(seconds)} ago"
+    return "incomplete", (f"no final summary: the run stopped at step {last}{of}, or is still running{age}; "
+                          "the findings cover the steps logged so far")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{int(seconds)} s"
+    if seconds < 7200:
+        return f"{int(seconds // 60)} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+def _read_target(src: Any, path: Any) -> str:
+    p = Path(getattr(src, "path", path))
+    if src.format == "run_dir" and p.is_dir():
+        return str(p / "run.jsonl")
+    return str(p)
+
+
+def analyze_one(path: str | os.PathLike[str], detectors: Sequence[Any] | None = None,
+                logging_steps: int | None = None, mapping: Mapping[str, str] | None = None) -> RunReport:
+    return analyze_run(path, detectors, logging_steps, mapping)[0]
+
+
+def analyze_run(path: str | os.PathLike[str], detectors: Sequence[Any] | None = None,
+                logging_steps: int | None = None, mapping: Mapping[str, str] | None = None) -> list[RunReport]:
+    """The reports of one path: one run, or each run of a ``run.jsonl`` that holds several."""
+    from grpo_monitor.readers import load_source
+
+    with _collector_paused():
+        src = load_source(path, logging_steps=logging_steps)
+        parts = split_runs(src) or [(str(path), src)]
+        reports = []
+        for label, part in parts:
+            reports.append(_report(label, *prepare_names(part, mapping), detectors, path))
+    return reports
+
+
+def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | None, path: Any) -> RunReport:
+    names = names_with_values(src.steps, logged)
+    findings, recs, coverage = replay_with_coverage(src, detectors, names)
+    status, note = run_status(src)
+    return RunReport(
+        source=label,
+        format=src.format,
+        steps=len(src.steps),
+        findings=config_findings(src) + findings,
+        recommendations=recs,
+        series=key_curves(src.steps),
+        model=dict(src.context.model),
+        warnings=list(src.warnings),
+        file=_read_target(src, path),
+        coverage=coverage,
+        metrics_found=names,
+        status=status,
+        status_note=note,
+        segment=_segment_of(src),
+        notes=_notes(src),
+    )
+
+
+def _notes(src: Any) -> list[dict[str, Any]]:
+    from grpo_monitor.analysis.explain import explain
+
+    try:
+        return explain(src.steps, src.context)
+    except Exception:  # advice only: a report without its notes beats no report
+        return []
+
+
+def _segment_of(src: Any) -> int | None:
+    run = getattr(src, "run", None)
+    if run is None or src.format != "run_dir":
+        return None
+    seg = (getattr(run, "header", None) or {}).get("segment")
+    if not isinstance(seg, int) or isinstance(seg, bool) or seg < 0:
+        return None
+    return seg + 1 if seg > 0 or getattr(run, "restarts", None) else None
+
+
+def split_runs(src: Any) -> list[tuple[str, Any]] | None:
+    """A ``run.jsonl`` into which a second run was written (a header that starts over, not a
+    resume) as one source per run; None when it holds one run.
+
+    A resumed run appends a header with ``resumed_from_step`` > 0 and continues the same run; a
+    header that starts from step 0 under another run id after steps were logged is a new run.
+    """
+    run = getattr(src, "run", None)
+    if src.format != "run_dir" or run is None:
+        return None
+    run_file = Path(run.path) / "run.jsonl"
+    try:
+        with open(run_file, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    if data.count(b'"header"') < 2:
+        return None
+    from grpo_monitor.core.runlog import RunLog, iter_records
+
+    logs: list[RunLog] = []
+    current: RunLog | None = None
+    for rec in iter_records(run_file):
+        if rec["type"] == "header":
+            starts_over = not rec.get("resumed_from_step")
+            other = current is not None and rec.get("run_id") != current.header.get("run_id")
+            if current is None or (starts_over and other and (current.steps or current.summary is not None)):
+                current = RunLog(path=Path(run.path), header=rec)
+                logs.append(current)
+                continue
+        if current is not None:
+            current.add(rec)
+    if len(logs) < 2:
+        return None
+    from grpo_monitor.readers._base import Normalizer, Source, StepTable, as_step, finish
+    from grpo_monitor.readers.run_dir import context_from_header
+
+    out = []
+    for i, log in enumerate(logs, 1):
+        part = Source(path=Path(run.path), format="run_dir", run=log)
+        table = StepTable()
+        norm = Normalizer()
+        for rec in log.steps:
+            step = as_step(rec["step"])
+            metrics = rec.get("metrics")
+            if step is not None:
+                table.add(step, norm(metrics) if isinstance(metrics, dict) else {})
+        finish(part, table)
+        part.context = context_from_header(log.header)
+        part.warnings = list(src.warnings) + [
+            f"{run_file} holds {len(logs)} runs (run ids {', '.join(str(x.header.get('run_id')) for x in logs)}): "
+            f"this is run {i}, replayed without its samples (the runs' samples cannot be told apart)"
+        ]
+        out.append((f"{run.path} [run {i} of {len(logs)}: {log.header.get('run_id')}]", part))
+    return out
+
+
+def coverage_from_states(header: Mapping[str, Any], names: Sequence[str], states: Mapping[str, str],
+                         has_samples: bool = False) -> dict[str, dict[str, Any]]:
+    """Coverage without a replay, from a run log's header, its logged names and the detectors'
+    recorded states (what a dashboard following a live run has)."""
+    from grpo_monitor.readers.run_dir import context_from_header
+
+    engine = Engine(context_from_header(dict(header)))
+    for d in engine.detectors:
+        state = states.get(d.id)
+        if state == "disabled":
+            engine.disabled[d.id] = "failed"
+        elif state is not None:
+            d.state = state
+        else:
+            d.state = "warming_up"
+    return engine.coverage(set(names), has_samples)
+
+
+def judgement_line(coverage: Mapping[str, Mapping[str, Any]], names: Sequence[str]) -> tuple[str, str]:
+    """The dashboard's verdict on what it can see: text and role (``muted`` or ``warning``)."""
+    failure = {d: c for d, c in coverage.items() if c.get("role") == "failure" and c.get("status") != "not_applicable"}
+    judged = [d for d, c in failure.items() if c.get("status") == "judged"]
+    if judged:
+        return f"judged by {len(judged)}/{len(failure)} detectors", "muted"
+    if not names:
+        return "cannot judge yet: no metric logged", "warning"
+    waiting = [d for d, c in failure.items() if c.get("status") == "too_few_points"]
+    if waiting:
+        return f"warming up: {len(waiting)} detector{'s' if len(waiting) != 1 else ''} setting baselines", "muted"
+    shown = ", ".join(list(names)[:6]) + (", …" if len(names) > 6 else "")
+    return (f"CANNOT JUDGE: no failure detector has its inputs (found {shown}; needs reward, completions/mean_length, "
+            "entropy ...; map columns with analyze --map)", "warning")
+
+
+def key_curves(steps: Sequence[tuple[int, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """``(step, value)`` of each curve in ``CURVES`` the run logged, finite values only."""
+    import numpy as np
+
+    at = np.fromiter((s for s, _ in steps), dtype=np.int64, count=len(steps))
+    series: dict[str, list[tuple[int, float]]] = {}
+    for name in CURVES:
+        # A source's values are floats or None (a gap); None becomes NaN here, dropped with inf.
+        values = np.array([m.get(name) for _, m in steps], dtype=np.float64)
+        keep = np.isfinite(values)
+        if keep.any():
+            series[name] = list(zip(at[keep].tolist(), values[keep].tolist()))
+    return series
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a log is read and replayed: millions of young objects
+    that all stay alive would otherwise trigger full collections over an ever larger heap."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def expand_lineages(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Each path, and for a run directory that was restarted, each of its segments in order."""
+    from grpo_monitor.core.restart import lineage_dirs
+    from grpo_monitor.core.runlog import is_run_dir
+
+    out: list[str] = []
+    for p in paths:
+        out.append(str(p))
+        if is_run_dir(p):
+            out.extend(str(d) for d in lineage_dirs(p)[1:])
+    return out
+
+
+# -- folders of runs -------------------------------------------------------------------------
+
+_MAX_DEPTH = 6
+_MAX_DIRS = 20000
+
+
+def discover_runs(path: str | os.PathLike[str]) -> list[Path] | None:
+    """The runs in a folder that holds several, each as the path to read; None when ``path`` is
+    one run (or a file), which is then read as it is.
+
+    A run is a grpo-monitor run directory (``run.jsonl``; a Trainer output_dir's own
+    ``grpo-monitor/`` speaks for it), else a folder with a ``trainer_state.json``, checkpoints,
+    TensorBoard event files, a W&B run or a trackio database (read as a whole, as ``analyze
+    FOLDER`` reads it). Loose log files beside them count as runs of their own.
+    """
+    p = Path(path)
+    if not p.is_dir() or (p / "run.jsonl").is_file():
+        return None
+    budget = [_MAX_DIRS]
+    found = _collect(p, _MAX_DEPTH, budget)
+    runs = [c for _, c in found]
+    if len(runs) == 1 and runs[0] == p:
+        return None
+    loose = _loose_logs(p)
+    if not runs and not loose:
+        return None
+    return sorted(set(runs + loose), key=lambda x: str(x))
+
+
+def _collect(d: Path, depth: int, budget: list[int]) -> list[tuple[str, Path]]:
+    if (d / "run.jsonl").is_file():
+        return [("run_dir", d)]
+    budget[0] -= 1
+    below: list[tuple[str, Path]] = []
+    if depth > 0 and budget[0] > 0:
+        try:
+            kids = sorted(k for k in d.iterdir() if k.is_dir() and not k.name.startswith((".", "__")) and not k.is_symlink())
+        except OSError:
+            kids = []
+        for k in kids:
+            if k.name.startswith("checkpoint-") or k.name.startswith("segment-"):
+                continue  # read through their parent (the newest checkpoint; a lineage's segments)
+            below.extend(_collect(k, depth - 1, budget))
+    marker = _marker(d)
+    if marker is None:
+        return below
+    run_dirs = [c for c in below if c[0] == "run_dir"]
+    if run_dirs:
+        return run_dirs  # an output_dir's own monitor log speaks for it
+    return [(marker, d)]
+
+
+def _marker(d: Path) -> str | None:
+    """What makes ``d`` itself readable as one run (other than ``run.jsonl``)."""
+    try:
+        if (d / "trainer_state.json").is_file() or any(d.glob("checkpoint-*/trainer_state.json")):
+            return "trainer_state"
+        if any("tfevents" in f.name for f in d.iterdir() if f.is_file()):
+            return "tensorboard"
+    except OSError:
+        return None
+    try:
+        from grpo_monitor.readers.trackers import looks_like_wandb_dir, trackio_databases
+
+        if looks_like_wandb_dir(d):
+            return "wandb"
+        if trackio_databases(d):
+            return "trackio"
+    except Exception:  # a tracker reader that is missing or changed: the folder is simply not one
+        return None
+    return None
+
+
+def _loose_logs(d: Path) -> list[Path]:
+    """Files directly in ``d`` that read as logs of a known format (README files and the like do not)."""
+    from grpo_monitor.readers import SourceError, detect_format
+
+    out = []
+    try:
+        files = sorted(f for f in d.iterdir() if f.is_file() and not f.name.startswith("."))
+    except OSError:
+        return out
+    for f in files:
+        try:
+            detect_format(f)
+        except (SourceError, OSError, ValueError):
+            continue
+        out.append(f)
+    return out
+
+
+def analyze(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], detectors: Sequence[Any] | None = None,
+            logging_steps: int | None = None, mapping: Mapping[str, str] | Sequence[str] | None = None) -> Report:
+    """Analyse one path or several (a restarted run: every segment; a folder of runs: each run);
+    raises ``monitor.sources.SourceError`` for a path given that cannot be read (a run inside a
+    folder that cannot be read is listed in ``Report.errors``). ``mapping`` maps the log's column
+    names onto the monitor's (``{"score_mean": "reward"}``)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    return _analyze_all(paths, detectors, logging_steps, parse_mapping(mapping))
+
+
+def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[Any] | None, logging_steps: int | None,
+                 mapping: Any, say: Any = None) -> Report:
+    """Every run under ``paths``: a loose file that does not read is skipped, a run found beneath that
+    does not read is listed in ``Report.errors``, a path given that does not read raises SourceError.
+    With ``say`` (the CLI), each unreadable run's line goes to it first, and any other exception
+    counts as unreadable input too: never a traceback."""
+    from grpo_monitor.readers import SourceError
+
+    report = Report([])
+    for p, how in expand_paths(paths):
+        try:
+            report.runs.extend(_runs_of(p, how, report, detectors, logging_steps, mapping))
+        except SourceError as exc:
+            if how == "loose":
+                report.skipped.append((p, str(exc)))
+                continue
+            if say is not None:
+                say(str(exc))
+            if how == "given":
+                raise
+            report.errors.append((p, str(exc)))
+        except Exception as exc:
+            if say is None:
+                raise
+            line = f"{p}: cannot analyse ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            say(line)
+            if how == "given":
+                raise SourceError(None, line) from exc
+            report.errors.append((p, f"cannot analyse ({type(exc).__name__})"))
+    return report
+
+
+def _runs_of(p: str, how: str, report: Report, detectors: Sequence[Any] | None, logging_steps: int | None,
+             mapping: Any) -> list[RunReport]:
+    """The runs of one path; a loose file in a folder that holds fewer than two logged steps (a README
+    whose table happens to parse) is listed as skipped, not as a run nobody could judge."""
+    runs = analyze_run(p, detectors, logging_steps, mapping)
+    if how == "loose" and all(r.steps < 2 for r in runs):
+        report.skipped.append((p, "fewer than two logged steps: not a training log"))
+        return []
+    return runs
+
+
+def expand_paths(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, str]]:
+    """Every run to analyse, and how it came: ``given`` (named by the user), ``found`` (a run
+    folder or segment found beneath), ``loose`` (a file beside them that looked like a log)."""
+    out: list[tuple[str, str]] = []
+    for p in paths:
+        runs = discover_runs(p)
+        if runs is None:
+            out.extend((x, "given" if i == 0 else "found") for i, x in enumerate(expand_lineages([p])))
+            continue
+        for r in runs:
+            if r.is_file():
+                out.append((str(r), "loose"))
+            else:
+                out.extend((x, "found") for x in expand_lineages([r]))
+    return out
+
+
+def needs_text(run: RunReport) -> str:
+    """For a run nothing could judge: what it logged, what the monitor reads, how to map a column."""
+    if not run.steps:
+        return "no logged step: nothing to judge"
+    found = ", ".join(run.metrics_found[:24]) + (f", … ({len(run.metrics_found)} in all)" if len(run.metrics_found) > 24 else "")
+    hints = map_hints(run.metrics_found)
+    example = " ".join(f"--map {c}={m}" for c, m in hints[:3]) or "--map COLUMN=reward --map COLUMN=length"
+    return (f"found {found or 'no metric with a value'}; the detectors read {', '.join(KEY_INPUTS)}; "
+            f"map the log's own names onto them: grpo-monitor analyze {run.file or run.source} {example}")
+
+
+_KNOWN = frozenset({"reward", "reward_std", "entropy", "grad_norm", "loss", "learning_rate", "kl", "frac_reward_zero_std",
+                    "epoch", "num_tokens", "ppo_kl", "step_time", "aux_loss"})
+
+
+def map_hints(names: Sequence[str]) -> list[tuple[str, str]]:
+    """Likely ``--map`` items for names the normaliser does not know."""
+    from grpo_monitor.core.metrics import normalize
+
+    out = []
+    for n in names:
+        low = n.lower()
+        if normalize(n) != n or n in _KNOWN or "/" in n and low.split("/")[0] in ("rewards", "completions", "sampling", "mismatch", "moe"):
+            continue
+        if any(x in low for x in ("val", "test", "eval", "time", "lr", "learning_rate", "std", "min", "max", "step")):
+            continue
+        if "entropy" in low:
+            out.append((n, "entropy"))
+        elif "clip" in low or "trunc" in low:
+            out.append((n, "clipped_ratio"))
+        elif "correct" in low or "acc" in low or "exact" in low:
+            out.append((n, "correctness"))
+        elif "reward" in low or "score" in low or "return" in low:
+            out.append((n, "reward"))
+        elif "len" in low or "token" in low:
+            out.append((n, "length"))
+    return out
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+VERDICT_TEXT = {
+    "healthy": "HEALTHY",
+    "warning": "WARNING",
+    "critical": "CRITICAL",
+    "incomplete": "INCOMPLETE",
+    "cannot_judge": "CANNOT JUDGE — the monitor could not see this run: no failure detector had the inputs it needs",
+}
+
+
+def sparkline(values: Sequence[float], width: int = 48) -> str:
+    if not values:
+        return ""
+    if len(values) > width:  # bucket means, so a long run still fits one line
+        n = len(values)
+        values = [sum(values[i * n // width:(i + 1) * n // width]) / max(1, (i + 1) * n // width - i * n // width)
+                  for i in range(width)]
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    return "".join(_BARS[0 if span == 0 else min(7, int((v - lo) / span * 7.999))] for v in values)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_fmt(x)}" for k, x in list(v.items())[:6]) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v[:6]) + (", …]" if len(v) > 6 else "]")
+    return str(v)
+
+
+def coverage_lines(run: RunReport) -> list[str]:
+    """``judged by: ...`` and one ``could not judge`` line per failure detector that could not."""
+    if not run.coverage:
+        return []
+    if not run.steps:
+        return ["judged by: no detector (no logged step)"]
+    out = [f"judged by: {', '.join(run.judged_by) or 'no failure detector'}"]
+    for det, why in run.not_judged.items():
+        out.append(f"  could not judge {det}: {why}")
+    return out
+
+
+def verdict_line(run: RunReport) -> str:
+    """The one line a dashboard or a table shows for a run's verdict."""
+    text = VERDICT_TEXT.get(run.verdict, run.verdict.upper())
+    if run.verdict == "incomplete" and run.status_note:
+        text += f" — {run.status_note}"
+    return text
+
+
+def render_text(report: Report) -> str:
+    out: list[str] = []
+    for run in report.runs:
+        model = run.model.get("class") or "model unknown"
+        seg = f"segment {run.segment}, " if run.segment is not None else ""
+        out.append(f"== {run.source}  ({seg}{run.format}, {run.steps} logged steps, {model})")
+        if run.file and run.file != run.source:
+            out.append(f"read: {run.file}")
+        out.append(f"verdict: {verdict_line(run)}")
+        if run.verdict == "cannot_judge":
+            out.append(f"  {needs_text(run)}")
+        elif run.status and run.verdict != "incomplete":
+            out.append(f"  status: {run.status} — {run.status_note}")
+        for w in run.warnings:
+            out.append(f"  note: {w}")
+        out.extend(coverage_lines(run))
+        if run.findings:
+            out.append("findings:")
+        for f in run.findings:
+            onset = f" (onset ~{f.onset_step})" if f.onset_step is not None else ""
+            variant = f" → {f.variant}" if f.variant else ""
+            out.append(f"  step {f.step} [{f.severity}] {f.detector}{onset}{variant}: {f.message}")
+            if f.evidence:
+                out.append("      evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in list(f.evidence.items())[:8]))
+        if run.recommendations:
+            out.append("recommendations:")
+        for r in run.recommendations:
+            out.append(f"  {rec_title(r)} — from {r['detector']} at step {r['step']}")
+            out.extend(f"      {r[k]}" for k in ("python", "cli_flags") if r.get(k))
+            for reason in r["reasons"][1:]:
+                out.append(f"      why: {reason}")
+            for key, advice in r.get("extra", {}).items():
+                out.append(f"      also: {key} {advice}")
+        if run.notes:
+            from grpo_monitor.analysis.explain import render_lines
+
+            out.append("Looks odd but is normal:")
+            out.extend(render_lines(run.notes))
+        if run.series:
+            out.append("curves:")
+        for name, pts in run.series.items():
+            vals = [v for _, v in pts]
+            out.append(f"  {name:<26} {sparkline(vals)}  {vals[0]:.4g} → {vals[-1]:.4g}  (steps {pts[0][0]}–{pts[-1][0]})")
+        out.append("")
+    for path, err in report.errors:
+        out.append(f"== {path}\nverdict: UNREADABLE — {err}\n")
+    for path, err in report.skipped:
+        out.append(f"skipped {path}: {err}")
+    if len(report.runs) + len(report.errors) > 1:
+        out.append(comparison_table(report))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _table_rows(report: Report) -> list[tuple[str, ...]]:
+    rows = []
+    for r in report.runs:
+        dets = ", ".join(sorted({f.detector for f in r.findings if f.severity != "info"})) or "—"
+        variants = ", ".join(sorted({x["variant"] + ("" if x.get("status", "recommended") == "recommended" else f" ({x['status']})")
+                                     for x in r.recommendations})) or "—"
+        judged = f"{len(r.judged_by)}/{len(r.judged_by) + len(r.not_judged)}" if r.coverage else "—"
+        rows.append((r.source, r.format, str(r.steps), r.verdict, judged, dets, variants))
+    for path, _ in report.errors:
+        rows.append((path, "—", "—", "unreadable", "—", "—", "—"))
+    return rows
+
+
+def comparison_table(report: Report) -> str:
+    rows = [("run", "format", "steps", "verdict", "judged", "findings", "variants"), *_table_rows(report)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(report: Report) -> str:
+    out = ["# grpo-monitor report", ""]
+    if len(report.runs) + len(report.errors) > 1:
+        out += ["| run | format | steps | verdict | judged | findings | variants |", "|---|---|---|---|---|---|---|"]
+        for row in _table_rows(report):
+            out.append(f"| `{row[0]}` | " + " | ".join(row[1:]) + " |")
+        out.append("")
+    for r in report.runs:
+        out += [f"## `{r.source}`", "", f"**Verdict: {r.verdict}** — {r.format}, {r.steps} logged steps, read from `{r.file or r.source}`.", ""]
+        if r.verdict == "cannot_judge":
+            out += [f"The monitor could not see this run: no failure detector had the inputs it needs. {needs_text(r)}", ""]
+        elif r.status:
+            out += [f"Status: {r.status} — {r.status_note}", ""]
+        if r.coverage:
+            out += [f"Judged by: {', '.join(f'`{d}`' for d in r.judged_by) or 'no failure detector'}.", ""]
+            for det, why in r.not_judged.items():
+                out.append(f"- could not judge `{det}`: {why}")
+            out.append("")
+        if r.findings:
+            out += ["| step | severity | detector | onset | variant | message |", "|---|---|---|---|---|---|"]
+            for f in r.findings:
+                out.append(f"| {f.step} | {f.severity} | `{f.detector}` | {f.onset_step if f.onset_step is not None else '—'} "
+                           f"| {f.variant or '—'} | {f.message.replace('|', '/')} |")
+            out.append("")
+        for rec in r.recommendations:
+            heading = rec_title(rec)
+            out += [f"### {heading[:1].upper()}{heading[1:]}", ""]
+            if rec.get("python"):
+                out += ["```python", rec["python"], "```", ""]
+            if rec.get("cli_flags"):
+                out += ["```bash", rec["cli_flags"], "```", ""]
+            out += [f"- {reason}" for reason in rec["reasons"]]
+            out += [f"- also: **{key}** {advice}" for key, advice in (rec.get("extra") or {}).items()] + [""]
+        if r.notes:
+            out += ["### Looks odd but is normal", ""]
+            for n in r.notes:
+                out.append(f"- **{n['id']}**: {n['pattern']}. *Why it is fine:* {n['why']} *Unless:* {n['unless']}")
+            out.append("")
+        if r.series:
+            out += ["| curve | shape | first | last |", "|---|---|---|---|"]
+            for name, pts in r.series.items():
+                vals = [v for _, v in pts]
+                out.append(f"| `{name}` | `{sparkline(vals, 32)}` | {vals[0]:.4g} | {vals[-1]:.4g} |")
+            out.append("")
+    for path, err in report.errors:
+        out += [f"## `{path}`", "", f"**Unreadable** — {err}", ""]
+    return "\n".join(out)
+
+
+def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = None,
+            logging_steps: int | None = None, mapping: Sequence[str] | None = None) -> int:
+    from grpo_monitor.readers import SourceError
+
+    try:
+        columns = parse_mapping(mapping)
+    except ValueError as exc:
+        print(f"grpo-monitor: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        report = _analyze_all(paths, None, logging_steps, columns,
+                          say=lambda line: print(f"grpo-monitor: {line}", file=sys.stderr))
+    except SourceError:  # a path given that cannot be read: its line is out already
+        return EXIT_BAD_INPUT
+    if not report.runs and not report.errors:
+        print(f"grpo-monitor: {', '.join(map(str, paths))}: no run could be read", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if as_json:
+        print(json.dumps(report.to_dict(), default=_json_default, allow_nan=False))
+    else:
+        sys.stdout.write(render_text(report))
+    if markdown:
+        with open(markdown, "w", encoding="utf-8") as fh:
+            fh.write(render_markdown(report))
+    return report.exit_code
+
+
+def _json_default(obj: Any) -> Any:
+    try:
+        return obj.item()
+    except Exception:
+        return str(obj)

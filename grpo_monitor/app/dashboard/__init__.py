@@ -1,0 +1,137 @@
+"""The Textual dashboard: ``grpo-monitor watch RUN`` (or ``python -m grpo_monitor.app.dashboard RUN``).
+
+Importing this package does not import Textual; ``run_watch`` and ``WatchApp`` load it on use,
+so ``import grpo_monitor`` stays light for offline analysis. ``check_path`` is what ``watch`` tells
+the user before any screen is drawn:
+
+>>> import tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> check_path(d / "typo").endswith("no such file or directory (--wait waits for a run that has not started yet)")
+True
+>>> check_path(d / "typo", wait=True) is None, check_path(d) is None  # an empty folder: a run about to start
+(True, True)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from grpo_monitor.app.dashboard.app import WatchApp
+
+__all__ = ["WatchApp", "check_path", "run_watch"]
+
+RUN_FILE = "run.jsonl"
+# What a run directory holds before its log has a header: the sample files, a restart plan, the
+# reward gate's verdict, a supervisor's lock (hidden files).
+_STARTING_FILES = re.compile(r"^(samples\.rank\d+\.jsonl|restart_plan\.json|reward_gate\.json|segment-\d+|\..*)$")
+_SNIFF = 64 * 1024
+
+
+def is_starting_run(path: Path) -> bool:
+    """``path`` is a folder with nothing in it yet but what a starting run writes first."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return all(_STARTING_FILES.match(n) for n in names)
+
+
+def check_path(path: str | os.PathLike[str], wait: bool = False) -> str | None:
+    """Why ``watch`` cannot show ``path``, in one line naming it; None when it can.
+
+    Only cheap checks (existence, permissions, the first record of a run log, the format a foreign
+    log is detected as): a log that passes them and still does not parse is reported by the app.
+    With ``wait`` a path that does not exist yet is fine: the dashboard waits for the run.
+    """
+    p = Path(path)
+    target = p / RUN_FILE if p.is_dir() and (p / RUN_FILE).is_file() else p
+    if not p.exists() and not p.is_symlink():
+        if wait:
+            return None
+        return f"{p}: no such file or directory (--wait waits for a run that has not started yet)"
+    if target.name == RUN_FILE:
+        return _check_run_log(target)
+    if p.is_dir() and is_starting_run(p):
+        return None  # a run directory whose log is not written yet: open it and wait
+    if not os.access(p, os.R_OK | (os.X_OK if p.is_dir() else 0)):
+        return f"{p}: unreadable (permission denied)"
+    from grpo_monitor.readers import SourceError, detect_format
+
+    try:
+        detect_format(p)
+    except SourceError as exc:
+        return f"{p}: not a run this tool reads ({exc.what})"
+    except OSError as exc:
+        return f"{p}: unreadable ({exc.strerror or type(exc).__name__})"
+    return None
+
+
+def _check_run_log(run_file: Path) -> str | None:
+    """A ``run.jsonl`` the dashboard can follow: readable, and its first complete line a record."""
+    try:
+        with open(run_file, "rb") as fh:
+            head = fh.read(_SNIFF)
+    except IsADirectoryError:
+        return f"{run_file}: not a run this tool reads (a folder named {RUN_FILE})"
+    except OSError as exc:
+        return f"{run_file}: unreadable ({(exc.strerror or type(exc).__name__).lower()})"
+    first, newline, _ = head.lstrip(b"\r\n").partition(b"\n")
+    if not newline:
+        # Empty, or a first line still being written: a run that is starting.
+        return None if not first or first.lstrip()[:1] == b"{" else _not_a_run_log(run_file, first)
+    return _not_a_run_log(run_file, first)
+
+
+def _not_a_run_log(run_file: Path, first: bytes) -> str | None:
+    from grpo_monitor.core.runlog import RunLogError, parse_line
+
+    try:
+        parse_line(first, f"{run_file}:1")
+    except RunLogError as exc:
+        what = str(exc).split(": ", 1)[-1]
+        return f"{run_file}: not a run this tool reads (line 1: {what})"
+    return None
+
+
+def run_watch(path: str | os.PathLike[str], wait: bool = False) -> None:
+    """Open the dashboard on ``path`` and block until the user quits.
+
+    ``path`` is a run directory (followed live as it grows), its ``run.jsonl``, or any log
+    ``grpo-monitor analyze`` reads (replayed through the detectors). A path that cannot be shown
+    raises ``monitor.sources.SourceError`` with one line naming it and the fault, before the screen
+    opens where that can be known, else as the app closes. With ``wait`` a path that does not exist
+    yet is waited for, and a log that cannot be read is reported on screen while the path is watched.
+    """
+    from grpo_monitor.readers import SourceError
+
+    problem = check_path(path, wait=wait)
+    if problem is not None and not wait:
+        raise SourceError(None, problem)
+    from grpo_monitor.app.dashboard.app import WatchApp, is_run_path, replay_source
+
+    records = None
+    if not wait and not is_run_path(Path(path)):
+        # Read before the screen opens, so a log that fails deep inside leaves one line, not a
+        # dashboard that opened and closed.
+        try:
+            records = replay_source(path)
+        except SourceError:
+            raise
+        except Exception as exc:
+            raise SourceError(None, f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+    app = WatchApp(path, wait=wait, records=records)
+    app.run()
+    if app.error is not None and not wait:
+        raise SourceError(None, app.error)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WatchApp":
+        from grpo_monitor.app.dashboard.app import WatchApp
+
+        return WatchApp
+    raise AttributeError(f"module 'grpo_monitor.app.dashboard' has no attribute {name!r}")

@@ -1,0 +1,167 @@
+"""Following a run directory as it grows (no Textual here: the app drives it from a thread).
+
+``RunTailer.poll()`` returns every record appended since the previous poll, across ``run.jsonl``
+and every ``samples.rank<R>.jsonl``. Files are read by byte offset; a line without its newline
+yet is held back until the rest arrives, so a writer caught mid-line never yields a broken
+record. A directory that does not exist yet is waited for. A ``restart`` record naming a
+``child_run`` makes the tailer follow that directory too (a new segment of the same lineage).
+With ``index_samples=True`` (the dashboard) the sample files are not parsed but indexed by step
+(``monitor.runlog.SampleIndex``), a bounded number of bytes per poll, and a step's samples are
+read when shown: the dashboard's memory and start-up time do not grow with the samples.
+
+>>> import tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp()) / "run"
+>>> t = RunTailer(d)
+>>> t.poll().records
+[]
+>>> from grpo_monitor.core.runlog import RunWriter
+>>> w = RunWriter(d); _ = w.header(run_id="r", config={}); w.close()
+>>> [r["type"] for r in t.poll().records]
+['header']
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_monitor.core.runlog import RUN_FILE, RunLogError, SampleIndex, parse_line
+
+_SAMPLES_RE = re.compile(r"^samples\.rank(\d+)\.jsonl$")
+# One poll reads at most this much of one file, so a huge finished run arrives in batches
+# and the dashboard paints its first chart long before the last byte is parsed.
+MAX_READ = 8 << 20
+# Sample bytes indexed per poll: the index scan holds the interpreter, so it goes in slices the
+# screen can interleave with (a 500 MB samples file is indexed in a second or two).
+INDEX_BUDGET = 48 << 20
+
+
+class FileFollower:
+    """One JSON-lines file read incrementally by byte offset."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.lineno = 0
+        self.partial = b""
+
+    def read(self, warnings: list[str], limit: int = MAX_READ) -> tuple[list[dict[str, Any]], bool]:
+        """New complete records, and whether unread bytes remain past ``limit``."""
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return [], False
+        if size < self.offset:  # replaced or truncated: start over rather than read garbage
+            warnings.append(f"{self.path}: file shrank; reading it again from the start")
+            self.offset, self.lineno, self.partial = 0, 0, b""
+        if size == self.offset:
+            return [], False
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(min(limit, size - self.offset))
+        except OSError as exc:
+            warnings.append(f"{self.path}: cannot read ({exc.strerror or exc})")
+            return [], False
+        self.offset += len(data)
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()  # bytes after the last newline: a line still being written
+        records = []
+        for line in lines:
+            self.lineno += 1
+            if not line.strip():
+                continue
+            try:
+                records.append(parse_line(line, f"{self.path}:{self.lineno}"))
+            except RunLogError as exc:  # one bad line must not stop a live view
+                warnings.append(str(exc))
+        return records, self.offset < size
+
+
+@dataclass
+class TailBatch:
+    """What one poll found."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    waiting_for: str | None = None  # a directory or file that does not exist yet
+    more: bool = False  # unread bytes remain: poll again at once
+    sample_indexes: list[SampleIndex] = field(default_factory=list)
+    samples_grew: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.warnings or self.samples_grew)
+
+
+class RunTailer:
+    """Every record appended to a run directory (and to the child runs it restarts into)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], index_samples: bool = False) -> None:
+        p = Path(run_dir)
+        if p.name == RUN_FILE:
+            p = p.parent
+        self.root = p
+        self.dirs: list[Path] = [p]
+        self._files: dict[Path, FileFollower] = {}
+        self.index_samples = index_samples
+        self.indexes: dict[Path, SampleIndex] = {}
+        self._index_warned: dict[Path, int] = {}
+
+    def _follower(self, path: Path) -> FileFollower:
+        f = self._files.get(path)
+        if f is None:
+            f = self._files[path] = FileFollower(path)
+        return f
+
+    def _child_dir(self, parent: Path, child: object) -> Path | None:
+        if not isinstance(child, str) or not child:
+            return None
+        c = Path(child)
+        return c if c.is_absolute() else parent / c
+
+    def poll(self) -> TailBatch:
+        batch = TailBatch()
+        for d in list(self.dirs):  # the list grows while we read when a restart names a child
+            run_file = d / RUN_FILE
+            if not run_file.is_file():
+                if batch.waiting_for is None:
+                    batch.waiting_for = str(run_file if d.is_dir() else d)
+                continue
+            records, more = self._follower(run_file).read(batch.warnings)
+            batch.more |= more
+            for r in records:
+                if r["type"] == "restart":
+                    child = self._child_dir(d, r.get("child_run"))
+                    if child is not None and child not in self.dirs:
+                        self.dirs.append(child)
+            batch.records.extend(records)
+            if self.index_samples:
+                idx = self.indexes.get(d)
+                if idx is None:
+                    # The first poll brings the run's records alone: the screen draws them while
+                    # the samples are indexed by the polls that follow at once.
+                    idx = self.indexes[d] = SampleIndex(d)
+                    batch.more = True
+                    continue
+                before = idx.version
+                batch.more |= idx.scan(budget=INDEX_BUDGET)
+                batch.samples_grew |= idx.version != before
+                seen = self._index_warned.get(d, 0)
+                batch.warnings.extend(idx.warnings[seen:])
+                self._index_warned[d] = len(idx.warnings)
+                continue
+            try:
+                names = sorted(os.listdir(d))
+            except OSError:
+                names = []
+            for name in names:
+                if _SAMPLES_RE.match(name):
+                    recs, more = self._follower(d / name).read(batch.warnings)
+                    batch.more |= more
+                    batch.records.extend(r for r in recs if r["type"] == "sample")
+        batch.sample_indexes = [self.indexes[d] for d in self.dirs if d in self.indexes]
+        return batch

@@ -1,0 +1,162 @@
+"""``attach(trainer)``: the two-line integration."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from grpo_monitor.callbacks.monitor_callback import MonitorCallback
+from grpo_monitor.core.runlog import RUN_FILE
+
+logger = logging.getLogger("grpo_monitor")
+
+
+def default_run_dir(trainer: Any) -> Path:
+    return Path(trainer.args.output_dir) / "grpo-monitor"
+
+
+def _check_overrides_applied(args: Any, overrides: dict[str, Any]) -> None:
+    from grpo_monitor.core.recommend import _same
+
+    missing = {k: v for k, v in overrides.items() if k != "output_dir" and not _same(getattr(args, k, None), v)}
+    if missing:
+        logger.warning(
+            "grpo-monitor: this relaunch did not apply the restart overrides %s: parse TRL flags "
+            "(HfArgumentParser/TrlParser) or call `args = monitor.restart.patched_args(args)` before building the trainer",
+            missing,
+        )
+
+
+def _check_reward_roles(trainer: Any, options: dict[str, Any]) -> None:
+    """A named correctness or format reward must be one of the trainer's reward functions: a typo
+    would otherwise leave every sample's ``correct`` empty for the whole run."""
+    names = list(getattr(trainer, "reward_func_names", None) or [])
+    if not names:
+        return
+    for option in ("correctness_reward", "format_reward"):
+        value = options.get(option)
+        if value is not None and value not in names:
+            raise ValueError(f"{option}={value!r} is not one of this trainer's reward functions "
+                             f"({', '.join(names)}); pass one of those names")
+
+
+def _is_main_process(trainer: Any) -> bool:
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_main_process"):
+        return bool(accelerator.is_main_process)
+    return int(getattr(trainer.args, "process_index", 0) or 0) == 0
+
+
+def _say(message: str) -> None:
+    """An INFO line that shows by default: through logging where it is set up to show INFO, else
+    on stderr (Python's default logging drops INFO), and not at all where a user raised the
+    monitor's logger above INFO on purpose."""
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        logger.info(message)
+    elif logger.level == logging.NOTSET or logger.isEnabledFor(logging.INFO):
+        print(message, file=sys.stderr, flush=True)
+
+
+def _role(callback: MonitorCallback, option: str, given: dict[str, Any]) -> str:
+    name = getattr(callback, option)
+    if name is None:
+        return "none recognised"
+    return f"{name} ({'given' if given.get(option) else 'guessed from its name'})"
+
+
+def _announce(callback: MonitorCallback, given: dict[str, Any]) -> None:
+    """Where the run log goes and which reward functions the monitor takes as correctness and as
+    format; a warning naming the option when no correctness reward was recognised."""
+    names = callback.reward_names
+    _say(f"grpo-monitor: run log in {callback.run_dir / RUN_FILE}; correctness reward: "
+         f"{_role(callback, 'correctness_reward', given)}, format reward: {_role(callback, 'format_reward', given)}"
+         + (f" (reward functions: {', '.join(names)})" if names else ""))
+    if names and callback.correctness_reward is None:
+        candidates = [n for n in names if n != callback.format_reward] or names
+        logger.warning(
+            "grpo-monitor: none of the reward functions (%s) was recognised as the correctness reward, so no "
+            "sample is marked right or wrong: the run header records none, the dashboard's ok column and correct "
+            "filter stay empty, and detectors that read correctness go without it. Name it: "
+            "attach(trainer, correctness_reward=%r)", ", ".join(names), candidates[0])
+
+
+def attach(
+    trainer: Any,
+    run_dir: str | os.PathLike[str] | None = None,
+    *,
+    dashboard: bool = False,
+    require_reward_gate: bool = False,
+    gate_min_agreement: float = 0.9,
+    **options: Any,
+) -> MonitorCallback:
+    """Attach the monitor to a ``GRPOTrainer`` (or any TRL/transformers trainer) and return its callback.
+
+    ``run_dir`` defaults to ``<output_dir>/grpo-monitor``; under ``grpo-monitor supervise`` the
+    supervisor's segment directory wins. Options:
+    ``detectors`` (a list replacing the built-in set), ``correctness_reward`` / ``format_reward``
+    (reward function names, checked against the trainer's; guessed from the names otherwise, and
+    a warning names the option when no correctness reward is recognised), ``correct_threshold`` (a correctness
+    reward above it counts as correct; default 0), ``moe_probe_every`` (routing flip-rate probe
+    interval in steps), ``router_tap`` (False: no hooks on a MoE model's routers, so no ``moe/*``
+    routing metrics), ``max_text_chars`` (characters of prompt/completion text kept per sample: its
+    head and its tail), ``sample_text`` (which completions keep text: ``"default"`` keeps, per
+    step, 32 completions drawn fairly plus the best and worst of 8 groups and 4 truncated ones,
+    all of a step with at most 32; ``"all"``, ``"none"``, or a ``SampleRetention``/dict with
+    ``fair``, ``groups``, ``truncated``; every completion keeps its numbers either way),
+    ``auto_restart`` (stop on a confirmed finding and write a restart plan; off by default),
+    ``max_restarts`` (default 2), ``restart_from`` (``before_onset``, ``latest`` or ``initial``).
+    ``alerts`` (a Slack, Discord or other webhook URL, default ``$GRPO_MONITOR_WEBHOOK_URL``; False turns
+    every alert off, the trackers' too), ``alerts_format`` (``slack``/``discord``/``generic``, else from the
+    URL), ``alerts_min_severity`` (``warning`` or ``critical``), ``alerts_trackers`` (True: the trackers in
+    ``args.report_to``; False or a list of names), ``alerts_per_minute``/``alerts_burst`` (rate limit),
+    ``alerts_retries``, ``alerts_timeout``, ``alerts_flush_timeout`` — see ``docs/ALERTS.md``.
+
+    ``require_reward_gate=True`` refuses to train (``RewardGateError``, naming the command to run)
+    until ``grpo-monitor inspect-rewards`` has saved a passed verdict for these reward functions in
+    the run directory, with at least ``gate_min_agreement`` of the judged samples agreed with.
+    ``dashboard=True`` prints the ``grpo-monitor watch`` command for this run. The main process says
+    once where the run log goes and which reward functions count as correctness and as format.
+
+    >>> monitor_cb = attach(trainer)          # doctest: +SKIP
+    >>> trainer.train()                       # doctest: +SKIP
+    """
+    from grpo_monitor.core.restart import env_state
+
+    for cb in getattr(trainer.callback_handler, "callbacks", []):
+        if isinstance(cb, MonitorCallback):
+            return cb  # attaching twice would double-wrap the reward functions
+    supervised = env_state()
+    directory = Path(supervised["run_dir"] or run_dir or default_run_dir(trainer))
+    if supervised["run_dir"]:
+        options.setdefault("segment", supervised["segment"])
+        options.setdefault("restarts_done", supervised["segment"])
+        options.setdefault("lineage_root", directory.parent if supervised["segment"] > 0 else directory)
+        options.setdefault("tried", supervised["tried"])
+        options.setdefault("applied_overrides", supervised["overrides"])
+        if supervised["auto_restart"]:
+            options.setdefault("auto_restart", True)
+        if supervised["max_restarts"] is not None:
+            options.setdefault("max_restarts", supervised["max_restarts"])
+        _check_overrides_applied(trainer.args, supervised["overrides"])
+    options.setdefault("parent_run", supervised["parent_run"])
+    if require_reward_gate:
+        from grpo_monitor.preflight.reward_gate import require_gate
+
+        # Every rank checks, so all of them refuse together.
+        logger.info("grpo-monitor: %s", require_gate(trainer, directory, gate_min_agreement))
+    if "alerts" in options or any(k.startswith("alerts_") for k in options):
+        from grpo_monitor.alerts import AlertOptions
+
+        # Checked here, so a mistyped option fails at attach time rather than as a warning mid-run.
+        options["alerts"] = AlertOptions.of({k: options.pop(k) for k in list(options) if k == "alerts" or k.startswith("alerts_")})
+    _check_reward_roles(trainer, options)
+    callback = MonitorCallback(trainer, directory, **options)
+    trainer.add_callback(callback)
+    if _is_main_process(trainer):
+        _announce(callback, options)
+    if dashboard and getattr(trainer.args, "process_index", 0) == 0:
+        print(f"grpo-monitor: watch this run in another terminal with:  grpo-monitor watch {directory}")
+    return callback

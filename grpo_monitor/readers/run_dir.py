@@ -1,0 +1,63 @@
+"""Our own run directory (``run.jsonl`` and the per-rank sample files)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from grpo_monitor.detectors.base import RunContext
+from grpo_monitor.readers._base import Normalizer, Source, SourceError, StepTable, as_step, finish
+
+
+def read_run_dir(path: Path) -> Source:
+    """Read a run directory (or its ``run.jsonl``) through ``monitor.runlog.read_run``.
+
+    Segments of a restarted lineage live in subdirectories and are not read here: the source
+    is the top-level run. Samples are indexed by step and read a step at a time when the replay
+    reaches it (``StepSamples``), so a long run's samples are never all in memory.
+    """
+    from grpo_monitor.core.runlog import RunLogError, SampleIndex, StepSamples, read_run
+
+    try:
+        log = read_run(path, samples=False)
+    except RunLogError as exc:
+        raise SourceError(None, str(exc)) from None
+    index = SampleIndex(log.path)
+    index.scan(final=True)
+    src = Source(path=log.path, format="run_dir", run=log, warnings=list(log.warnings) + list(index.warnings))
+    table = StepTable()
+    norm = Normalizer(owned=True)  # the parsed step records are ours to keep
+    for rec in log.steps:
+        step = as_step(rec["step"])
+        if step is None:
+            raise SourceError(log.path / "run.jsonl", f"step {rec['step']} is beyond the 64-bit range")
+        metrics = rec.get("metrics")
+        table.add(step, norm(metrics) if isinstance(metrics, dict) else {})
+    finish(src, table)
+    src.samples = StepSamples(index)  # type: ignore[assignment]
+    src.context = context_from_header(log.header)
+    return src
+
+
+def context_from_header(header: dict[str, Any]) -> RunContext:
+    config = header.get("config")
+    config = dict(config) if isinstance(config, dict) else {}
+    model = header.get("model")
+    model = dict(model) if isinstance(model, dict) else {}
+    rewards = header.get("reward_funcs")
+    rewards = [str(r) for r in rewards] if isinstance(rewards, list) else []
+    logging_steps = as_step(config.get("logging_steps"))
+    raw, max_steps = config.get("logging_steps"), as_step(config.get("max_steps"))
+    if logging_steps is None and isinstance(raw, float) and 0 < raw < 1 and max_steps and max_steps > 0:
+        logging_steps = math.ceil(max_steps * raw)  # transformers reads logging_steps < 1 as a fraction
+    correctness = header.get("correctness_reward")
+    fmt = header.get("format_reward")
+    return RunContext(
+        config=config,
+        model=model,
+        reward_names=rewards,
+        correctness_reward=correctness if isinstance(correctness, str) else None,
+        format_reward=fmt if isinstance(fmt, str) else None,
+        logging_steps=logging_steps if logging_steps and logging_steps > 0 else 1,
+    )

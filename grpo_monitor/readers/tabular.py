@@ -1,0 +1,376 @@
+"""Metric exports: CSV (W&B history, any table with a step column) and JSON lines (verl, ...)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grpo_monitor.core.jsonparse import loads
+from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize
+from grpo_monitor.readers._base import (
+    Normalizer,
+    Source,
+    SourceError,
+    StepTable,
+    as_step,
+    finish,
+    guess_context,
+    plan_names,
+)
+
+# Step fields, best first: the trainer's own step beats a logger's call counter (W&B's ``_step``
+# counts ``wandb.log`` calls, which differs from the trainer step when logging_steps > 1).
+STEP_FIELDS = ("train/global_step", "global_step", "training/global_step", "trainer/global_step", "step", "_step")
+NESTED_FIELDS = ("data", "metrics")
+_STEP_RANK = {name: i for i, name in enumerate(STEP_FIELDS)}
+PANDAS_FROM_CHARS = 4_000_000
+
+
+# --------------------------------------------------------------------------------------- JSONL
+
+
+def first_json_line(line: bytes) -> Any:
+    """The JSON value on one line, or None when the line is not a complete JSON value."""
+    try:
+        return loads(line)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _lines(path: Path) -> tuple[list[bytes], bytes]:
+    data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    lines = data.split(b"\n")
+    return lines, lines.pop()  # the torn tail is b"" when the file ends with a newline
+
+
+def read_jsonl(path: Path) -> Source:
+    """One JSON object per line, each with a step field at the top level or inside ``data``/``metrics``.
+
+    A half-written last line is skipped with a warning; any other corrupt line is an error that
+    names the file and line.
+    """
+    lines, torn = _lines(path)
+    src = Source(path=path, format="jsonl")
+    records = _parse_all(path, lines)
+    if torn.strip():
+        try:
+            records.append((len(lines) + 1, loads(torn)))
+        except (ValueError, RecursionError):
+            src.warnings.append(f"{path}:{len(lines) + 1}: skipped a half-written last line")
+    table = StepTable()
+    norm = Normalizer(drop=SUMMARY_KEYS)
+    no_step = 0
+    shapes: dict[tuple[Any, ...], str | None] = {}
+    for lineno, rec in records:
+        if not isinstance(rec, dict):
+            raise SourceError(path, f"expected a JSON object per line, got {type(rec).__name__}", lineno)
+        keys = tuple(rec)
+        nested = shapes.get(keys, False)
+        if nested is False:
+            nested = shapes[keys] = _only_nested(keys)
+        if nested is not None and type(inner := rec[nested]) is dict:
+            # ``{"step": 7, "data": {...}}``: the flattened record would only add step fields,
+            # which normalising drops, so the metrics are the nested dict's; no flat copy needed.
+            key, value = _step_field(rec, inner)
+            metrics_of = inner
+        else:
+            metrics_of = _flatten(rec)
+            key, value = _step_field(metrics_of)
+        if key is None:
+            no_step += 1
+            continue
+        step = as_step(value)
+        if step is None:
+            raise SourceError(path, f"'{key}' is {_short(value)}, expected an integer step", lineno)
+        table.add(step, norm(metrics_of))
+    if not len(table):
+        raise SourceError(path, f"no line has a step field ({', '.join(STEP_FIELDS)})")
+    if no_step:
+        src.warnings.append(f"{path}: skipped {no_step} line(s) without a step field")
+    finish(src, table, "lines")
+    src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
+    return src
+
+
+def _parse_all(path: Path, lines: list[bytes]) -> list[tuple[int, Any]]:
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((i, loads(line)))
+        except (ValueError, RecursionError) as exc:
+            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.__class__.__name__
+            raise SourceError(path, f"corrupt JSON line ({msg})", i) from None
+    return out
+
+
+def _only_nested(keys: tuple[Any, ...]) -> str | None:
+    """The nested field of a record shaped ``{step fields..., "data": {...}}``, else None."""
+    nested = [k for k in keys if k in NESTED_FIELDS]
+    if len(nested) != 1:
+        return None
+    others = [k for k in keys if k != nested[0]]
+    return nested[0] if all(isinstance(k, str) and normalize(k) == "step" for k in others) else None
+
+
+def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
+    nested = [rec[k] for k in NESTED_FIELDS if isinstance(rec.get(k), dict)]
+    if not nested:
+        return rec
+    flat = {k: v for k, v in rec.items() if k not in NESTED_FIELDS}
+    for inner in nested:
+        flat.update(inner)
+    return flat
+
+
+def _step_field(rec: dict[str, Any], inner: dict[str, Any] | None = None) -> tuple[str | None, Any]:
+    """The best step field with a value and that value; ``inner`` (a nested dict) wins over
+    ``rec`` for a field both hold, as it does when the record is flattened."""
+    for key in STEP_FIELDS:
+        v = inner[key] if inner is not None and key in inner else rec.get(key)
+        if v is not None:
+            return key, v
+    return None, None
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# ----------------------------------------------------------------------------------------- CSV
+
+
+def decode_head(head: bytes) -> str | None:
+    head = head[3:] if head.startswith(b"\xef\xbb\xbf") else head
+    try:
+        return head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # a multi-byte character cut by the sniff window is fine
+            return None
+        return head[: exc.start].decode("utf-8", "ignore")
+
+
+def _header(text: str) -> tuple[list[str], str] | None:
+    first = text.split("\n", 1)[0].rstrip("\r")
+    for delim in (",", "\t", ";"):
+        if delim in first:
+            try:
+                return next(csv.reader([first], delimiter=delim)), delim
+            except (csv.Error, StopIteration):
+                return None
+    return None
+
+
+def looks_like_csv(head: bytes) -> bool:
+    """Text whose first line splits into several columns."""
+    text = decode_head(head)
+    return text is not None and _header(text) is not None
+
+
+def read_csv(path: Path) -> Source:
+    """A metric table: one row per logged step, a step column, empty cells for unmeasured metrics.
+
+    W&B exports are understood: ``_``-prefixed bookkeeping columns are dropped, and a panel
+    export's ``<run> - <metric>`` columns lose the run prefix and their ``__MIN``/``__MAX`` twins.
+    """
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SourceError(path, f"not UTF-8 text (bad byte at offset {exc.start})") from None
+    found = _header(text)
+    if found is None:
+        raise SourceError(path, "no CSV header line")
+    header, delim = found
+    src = Source(path=path, format="csv")
+    step_col, columns = _csv_columns(path, header, src.warnings)
+    # pandas takes most of a second to import: worth it only for a long export.
+    fast = _read_regular(text, delim, len(header), step_col, columns) if len(text) >= PANDAS_FROM_CHARS else None
+    if fast is not None:
+        steps, names, values, present = fast
+        ragged = skipped = 0
+    else:
+        steps, names, values, present, ragged, skipped = _read_cells(path, text, delim, len(header), step_col, columns)
+    table = StepTable()
+    matrix = values.tolist()
+    full = present.all(axis=1).tolist() if len(names) else [True] * len(steps)
+    for k, step in enumerate(steps):
+        if step is None:
+            continue
+        if full[k]:
+            table.add(step, dict(zip(names, matrix[k])))
+        else:
+            r = matrix[k]
+            table.add(step, {names[j]: r[j] for j in np.flatnonzero(present[k]).tolist()})
+    if not len(table):
+        raise SourceError(path, "no row with a step value")
+    if skipped:
+        src.warnings.append(f"{path}: skipped {skipped} row(s) with an empty step cell")
+    if ragged:
+        src.warnings.append(f"{path}: {ragged} row(s) do not have as many cells as the header")
+    finish(src, table, "rows")
+    src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
+    return src
+
+
+def _read_cells(
+    path: Path, text: str, delim: str, width: int, step_col: int, columns: list[tuple[int, str]]
+) -> tuple[list[int | None], list[str], np.ndarray, np.ndarray, int, int]:
+    """Any table, cell by cell with the ``csv`` module: ragged rows, quoted cells, empty step
+    cells, and the line number of a bad step cell for the error."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delim)
+    try:
+        next(reader)
+        rows = []
+        lines = []
+        for row in reader:
+            if row:
+                rows.append(row)
+                lines.append(reader.line_num)
+    except csv.Error as exc:
+        raise SourceError(path, f"malformed CSV ({one_line_exc(exc)})", reader.line_num) from None
+    ragged = sum(1 for r in rows if len(r) != width)
+    if ragged:  # a torn last row, or a writer that changed its columns: missing cells are gaps
+        rows = [r + [""] * (width - len(r)) if len(r) < width else r for r in rows]
+    steps: list[int | None] = []
+    skipped = 0
+    for row, lineno in zip(rows, lines):
+        cell = row[step_col].strip()
+        if not cell:
+            skipped += 1
+            steps.append(None)
+            continue
+        step = as_step(cell)
+        if step is None:
+            raise SourceError(path, f"step cell {_short(cell)} is not an integer", lineno)
+        steps.append(step)
+    names, values, present = _numeric_columns(rows, columns)
+    return steps, names, values, present, ragged, skipped
+
+
+def _numeric_columns(rows: list[list[str]], columns: list[tuple[int, str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Metric names and, per row and column, the value and whether the cell held a number.
+
+    A column is parsed in one C-level conversion when every cell is a number; one with empty
+    cells (an eval metric, a metric logged every few steps) or words goes cell by cell.
+    """
+    names, positions = _metric_columns(columns)
+    values = np.full((len(rows), len(names)), np.nan)
+    present = np.ones((len(rows), len(names)), dtype=bool)
+    by_column = list(zip(*rows)) if rows else []
+    for j, i in enumerate(positions):
+        col = by_column[i] if rows else ()
+        try:
+            values[:, j] = np.fromiter(map(float, col), dtype=np.float64, count=len(col))
+            continue
+        except ValueError:
+            pass
+        _cells_into(col, values[:, j], present[:, j])
+    return names, values, present
+
+
+def _metric_columns(columns: list[tuple[int, str]]) -> tuple[list[str], list[int]]:
+    """The metric names kept, and the column each is read from."""
+    keep = plan_names((name for _, name in columns), SUMMARY_KEYS)
+    index = {name: i for i, name in columns}  # a repeated header name: its last column, as in a dict
+    return [name for _, name in keep], [index[key] for key, _ in keep]
+
+
+def _cells_into(col: Any, values: np.ndarray, present: np.ndarray) -> None:
+    for k, cell in enumerate(col):
+        x = _cell(cell) if cell else _DROP
+        if x is _DROP:
+            present[k] = False
+        else:
+            values[k] = x
+
+
+def _read_regular(
+    text: str, delim: str, width: int, step_col: int, columns: list[tuple[int, str]]
+) -> tuple[list[int], list[str], np.ndarray, np.ndarray] | None:
+    """The common export, parsed by pandas' C reader: no quoting, every row as wide as the header,
+    an integer in every step cell. ``None`` for anything else, which ``_read_cells`` then reads
+    cell by cell (and reports with line numbers). Both give the same table where both apply.
+    """
+    if '"' in text:
+        return None
+    import pandas as pd
+
+    # pandas 2's default float parser can be one ulp off; 3 reads floats exactly by default.
+    exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+    try:
+        frame = pd.read_csv(io.StringIO(text), sep=delim, header=None, skiprows=1, na_filter=False,
+                            low_memory=False, engine="c", **exact)
+    except Exception:  # ragged rows, odd bytes: the careful reader decides
+        return None
+    # Every delimiter a separator (no quoting) and every row as wide as the header: a short row
+    # would be padded with NaN, where it means "not measured".
+    if frame.shape[1] != width or text.count(delim) != (width - 1) * (len(frame) + 1):
+        return None
+    step_cells = frame.iloc[:, step_col]
+    if step_cells.dtype.kind != "i" or len(frame) == 0:  # int64: every step in range (uint64 ones may not be)
+        return None
+    names, positions = _metric_columns(columns)
+    values = np.full((len(frame), len(names)), np.nan)
+    present = np.ones((len(frame), len(names)), dtype=bool)
+    for j, i in enumerate(positions):
+        col = frame.iloc[:, i]
+        kind = col.dtype.kind
+        if kind in "fiu":
+            values[:, j] = col.to_numpy(dtype=np.float64)
+        elif kind == "b":  # True/False words: no measurement
+            present[:, j] = False
+        else:
+            _cells_into(col.tolist(), values[:, j], present[:, j])
+    return step_cells.tolist(), names, values, present
+
+
+_DROP = object()
+
+
+def _cell(text: str) -> Any:
+    """A cell's number; words (``true``, ``null``) are no measurement."""
+    try:
+        return float(text)
+    except ValueError:
+        return _DROP
+
+
+def one_line_exc(exc: BaseException) -> str:
+    return str(exc).replace("\n", " ")[:120]
+
+
+def _csv_columns(path: Path, header: list[str], warnings: list[str]) -> tuple[int, list[tuple[int, str]]]:
+    names = [h.strip() for h in header]
+    # W&B panel export: "Step", "<run> - <metric>", "<run> - <metric>__MIN", "<run> - <metric>__MAX"
+    keep = [i for i, n in enumerate(names) if not (n.endswith("__MIN") or n.endswith("__MAX"))]
+    prefixes = {n.split(" - ", 1)[0] for i, n in enumerate(names) if i in keep and " - " in n}
+    if len(prefixes) == 1 and all(" - " in names[i] or _is_step(names[i]) for i in keep):
+        names = [n.split(" - ", 1)[1] if " - " in n else n for n in names]
+    elif len(prefixes) > 1:
+        warnings.append(f"{path}: columns of {len(prefixes)} runs; metric names keep their run prefix")
+    step_cols = [(i, n) for i, n in enumerate(names) if _is_step(n)]
+    if not step_cols:
+        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        raise SourceError(path, f"CSV without a step column (_step, step, global_step, train/global_step); columns: {shown}")
+    step_col = min(step_cols, key=lambda c: _STEP_RANK[c[1].lower()])[0]
+    skip = {i for i, _ in step_cols}
+    columns = [
+        (i, n)
+        for i, n in enumerate(names)
+        if i in keep and i not in skip and n and not n.startswith("_") and not n.startswith("Unnamed: ")
+    ]
+    return step_col, columns
+
+
+def _is_step(name: str) -> bool:
+    return name.lower() in _STEP_RANK
+

@@ -1,0 +1,228 @@
+"""Exact-match correctness: the final answer, extracted the way datasets mark it, against the gold answer.
+
+Extraction, first that applies: the last ``\\boxed{...}`` (or ``\\fbox{...}``), the last
+``<answer>...</answer>``, GSM8K's ``#### X``, "the answer is X" / "Answer: X", and the last number.
+The gold answer goes through the same extraction (a MATH solution's ``\\boxed{}``, a GSM8K answer's
+``####``), else it is used whole.
+
+Comparison (``mode="math"``): equal after normalisation (spaces, ``$``, ``\\left``/``\\right``,
+``\\text{}`` units, thousands separators, a trailing period); else equal as numbers (``3/4``,
+``\\frac{3}{4}``, ``0.75``, ``75\\%`` against ``0.75`` is *not* equal); else mathematically equal
+through ``math-verify`` (imported on first use). ``mode="string"``: case- and space-insensitive
+equality of the extracted answers, for non-maths tasks.
+
+Scores 1.0 or 0.0; None when the example has no usable gold answer (TRL skips it).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+from grpo_monitor.rewards._text import completion_text, first_column
+
+logger = logging.getLogger(__name__)
+
+GOLD_COLUMNS = ("answer", "solution", "target", "ground_truth", "final_answer", "reference")
+
+
+def _balanced(text: str, start: int) -> tuple[str, int] | None:
+    """Contents of the brace group opening at ``text[start] == '{'`` and the index after it."""
+    depth = 0
+    for j in range(start, len(text)):
+        ch = text[j]
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1:j], j + 1
+    return None
+
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*(\{)")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+_GSM = re.compile(r"####\s*([^\n]+)")
+_SAYS = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*([^\n]+)|^\s*answer\s*:\s*([^\n]+)", re.I | re.M)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+
+
+def extract_answer(text: str) -> tuple[str, str] | None:
+    """(answer, how it was found) or None; ``how`` is boxed | answer_tag | gsm8k | stated | last_number."""
+    if not isinstance(text, str) or not text.strip():
+        return None
+    boxed = None
+    for m in _BOXED.finditer(text):
+        got = _balanced(text, m.start(1))
+        if got is not None:
+            boxed = got[0]
+    if boxed is not None and boxed.strip():
+        return boxed.strip(), "boxed"
+    tags = _ANSWER_TAG.findall(text)
+    if tags and tags[-1].strip():
+        inner = tags[-1].strip()
+        nested = extract_answer(inner) if "\\boxed" in inner else None
+        return (nested[0] if nested else inner), "answer_tag"
+    gsm = _GSM.findall(text)
+    if gsm and gsm[-1].strip():
+        return gsm[-1].strip(), "gsm8k"
+    said = _SAYS.findall(text)
+    if said:
+        val = next((a or b for a, b in reversed(said) if (a or b).strip()), "")
+        if val.strip():
+            return val.strip().rstrip("."), "stated"
+    nums = _NUMBER.findall(text)
+    if nums:
+        return nums[-1].strip(), "last_number"
+    return None
+
+
+_TEXT_CMD = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_UNIT_WORD = re.compile(r"^(-?[\d.,/]+)\s*(?:[a-zA-Z][a-zA-Z .]*)$")
+
+
+def normalize(ans: str) -> str:
+    """Surface normalisation shared by both modes of comparison (maths)."""
+    s = str(ans).strip()
+    s = _TEXT_CMD.sub(lambda m: " " + m.group(1) + " ", s)
+    for tok in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\ ", "\\displaystyle", "$", "\\$"):
+        s = s.replace(tok, "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("^\\circ", "").replace("^{\\circ}", "")
+    s = s.replace("\\%", "%").strip().rstrip(".").strip()
+    m = _UNIT_WORD.match(s)
+    if m:  # "18 dollars", "5 cm": the number is the answer
+        s = m.group(1)
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")
+    return re.sub(r"\s+", "", s)
+
+
+_FRAC = re.compile(r"^(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}$|^(-?)\\frac(\d)(\d)$")
+
+
+def as_number(s: str) -> Fraction | None:
+    """The exact rational value of a plain number, ``a/b`` or ``\\frac{a}{b}``; None otherwise."""
+    s = s.strip()
+    try:
+        if re.fullmatch(r"-?\d+(\.\d+)?|-?\.\d+", s):
+            return Fraction(s)
+        m = re.fullmatch(r"(-?\d+)/(-?\d+)", s)
+        if m and int(m.group(2)) != 0:
+            return Fraction(int(m.group(1)), int(m.group(2)))
+        m = _FRAC.match(s)
+        if m:
+            sign, a, b = (m.group(1), m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5), m.group(6))
+            if int(b) != 0:
+                v = Fraction(int(a), int(b))
+                return -v if sign else v
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+def normalize_string(s: str) -> str:
+    return re.sub(r"\s+", " ", str(s)).strip().strip(".!?;:\"'").strip().casefold()
+
+
+_MV_LOCK = threading.Lock()
+
+
+def _math_verify_equal(gold: str, answer: str) -> bool:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    main = threading.current_thread() is threading.main_thread()
+    # math-verify's timeouts use signal.alarm, which only works in the main thread.
+    timeout = 5 if main else None
+    if not main:
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    cfg = [LatexExtractionConfig(), ExprExtractionConfig()]
+
+    def wrap(s: str) -> str:
+        return s if "$" in s or "\\(" in s else f"${s}$"
+
+    g = parse(wrap(gold), extraction_config=cfg, parsing_timeout=timeout)
+    a = parse(wrap(answer), extraction_config=cfg, parsing_timeout=timeout)
+    if not g or not a:
+        return False
+    return bool(verify(g, a, timeout_seconds=timeout))
+
+
+def answers_match(gold: str, answer: str, mode: str = "math") -> bool:
+    if mode == "string":
+        return normalize_string(gold) == normalize_string(answer)
+    ng, na = normalize(gold), normalize(answer)
+    if ng == na:
+        return True
+    fg, fa = as_number(ng), as_number(na)
+    if fg is not None and fa is not None:
+        return fg == fa
+    try:
+        return _math_verify_equal(gold, answer)
+    except ImportError:
+        logger.warning("grpo-monitor exact_match: math-verify is not installed (pip install 'grpo-monitor[rewards]'); "
+                       "comparing strings and numbers only")
+        return False
+    except Exception:
+        return False
+
+
+class ExactMatchReward:
+    """TRL reward function: 1.0 when the completion's final answer equals the gold answer, else 0.0.
+
+    ``answer_column``: the dataset column with the gold answer (default: the first present of
+    ``answer``, ``solution``, ``target``, ``ground_truth``, ``final_answer``, ``reference``).
+    ``mode``: ``"math"`` (normalise, numbers, math-verify) or ``"string"``.
+    """
+
+    def __init__(self, answer_column: str | None = None, mode: str = "math", name: str = "exact_match") -> None:
+        if mode not in ("math", "string"):
+            raise ValueError(f"mode must be 'math' or 'string', got {mode!r}")
+        self.answer_column = answer_column
+        self.mode = mode
+        self.__name__ = name
+
+    def gold(self, raw: Any) -> str | None:
+        if raw is None:
+            return None
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return repr(raw) if isinstance(raw, float) else str(raw)
+        if isinstance(raw, (list, tuple)) and raw:
+            raw = raw[0]
+        text = str(raw).strip()
+        if not text:
+            return None
+        if self.mode == "string":
+            got = extract_answer(text) if ("<answer>" in text or "\\boxed" in text) else None
+            return got[0] if got else text
+        if "\\boxed" in text or "####" in text or "<answer>" in text.lower():
+            got = extract_answer(text)
+            return got[0] if got else None
+        return text
+
+    def score_one(self, completion: Any, gold_raw: Any) -> float | None:
+        gold = self.gold(gold_raw)
+        if gold is None:
+            return None
+        got = extract_answer(completion_text(completion))
+        if got is None:
+            return 0.0
+        return 1.0 if answers_match(gold, got[0], self.mode) else 0.0
+
+    def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
+                 **kwargs: Any) -> list[float | None]:
+        names = (self.answer_column,) if self.answer_column else GOLD_COLUMNS
+        out: list[float | None] = []
+        for i, c in enumerate(completions or []):
+            try:
+                out.append(self.score_one(c, first_column(kwargs, names, i)))
+            except Exception:  # one odd example must not kill the step
+                out.append(None)
+        return out
+
+
+exact_match = ExactMatchReward()

@@ -1,5 +1,0 @@
-import sys
-
-from grpo_monitor.monitor.cli import main
-
-sys.exit(main())
