@@ -48,10 +48,10 @@ def probe_detector():
 
         id = "alert_probe"
 
-        def _reset(self):
+        def _reset_state(self):
             self.state = "ok"
 
-        def _update(self, step, metrics, samples):
+        def update(self, step, metrics, samples=None):
             return [Finding(detector=f"alert_probe_{step}", severity="warning", step=step, onset_step=step, variant=None,
                             config_overrides={}, evidence={"step": step}, message="probe finding")]
 

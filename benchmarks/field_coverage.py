@@ -211,7 +211,7 @@ def gate_ids() -> set[str]:
 
 
 def known_ids() -> set[str]:
-    from grpo_monitor.detectors.base import DETECTOR_IDS
+    from grpo_monitor.detectors import DETECTOR_IDS
 
     return set(DETECTOR_IDS) | lint_ids() | gate_ids()
 

@@ -169,6 +169,7 @@ def worker(shape: str, steps: int, run_dir: Path, out: Path, sample_text: str, m
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     from grpo_monitor.callbacks.monitor_callback import MonitorCallback
+    from grpo_monitor.callbacks.options import SampleOptions
 
     measured = reward_tap.text_signals
     background: list[float] = []
@@ -203,7 +204,7 @@ def worker(shape: str, steps: int, run_dir: Path, out: Path, sample_text: str, m
         num_generations=NUM_GENERATIONS, processing_class=SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD),
         eos_token_ids=[EOS], model=nn.Linear(4, 4), callback_handler=SimpleNamespace(callbacks=[]),
     )
-    cb = MonitorCallback(trainer, run_dir, sample_text=sample_text)
+    cb = MonitorCallback(trainer, run_dir, samples=SampleOptions(sample_text=sample_text))
     state = SimpleNamespace(global_step=0, is_world_process_zero=rank == 0, log_history=[])
     control = SimpleNamespace(should_training_stop=False, should_save=False)
     cb.on_train_begin(args, state, control, model=trainer.model)

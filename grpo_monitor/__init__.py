@@ -19,13 +19,20 @@ and the dashboard load when used).
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from grpo_monitor.core import __version__
 from grpo_monitor.core.engine import Engine
 from grpo_monitor.core.runlog import RunLog, RunLogError, read_run
 from grpo_monitor.detectors.base import Finding, RunContext
 
-from grpo_monitor.core import __version__
+if TYPE_CHECKING:  # the real functions, for editors and type checkers; loaded when first used
+    from grpo_monitor.analysis.report import analyze
+    from grpo_monitor.callbacks.attach import attach
+    from grpo_monitor.callbacks.restarts import run_with_restarts
 
 __all__ = [
     "Engine",
@@ -41,15 +48,29 @@ __all__ = [
     "run_with_restarts",
 ]
 
+# Public functions whose modules load only when used: the training side imports transformers and torch.
+_LAZY = {
+    "analyze": "grpo_monitor.analysis.report",
+    "attach": "grpo_monitor.callbacks.attach",
+    "run_with_restarts": "grpo_monitor.callbacks.restarts",
+}
 
-def attach(trainer: Any, run_dir: Any = None, **options: Any) -> Any:
-    """Attach the monitor to a TRL ``GRPOTrainer``; see ``callbacks.attach``."""
-    from grpo_monitor.callbacks import attach as _attach
 
-    return _attach(trainer, run_dir, **options)
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grpo_monitor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
-def load_run(path: Any, logging_steps: int | None = None, mapping: Any = None):
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def load_run(path: str | os.PathLike[str], logging_steps: int | None = None,
+             mapping: Mapping[str, str] | Sequence[str] | None = None) -> Any:
     """Any supported run (run directory, trainer_state.json, TensorBoard, CSV, JSONL, console log, W&B or
     trackio run) as a DataFrame. ``logging_steps`` numbers a console log's dicts where the log does not say;
     ``mapping`` reads a column as a metric (``{"score_mean": "reward"}``), as ``analyze(..., mapping=)`` does.
@@ -80,17 +101,3 @@ def load_run(path: Any, logging_steps: int | None = None, mapping: Any = None):
     from grpo_monitor.readers import load_source
 
     return prepare(load_source(path, logging_steps=logging_steps), parse_mapping(mapping)).frame()
-
-
-def analyze(path: Any, **options: Any) -> Any:
-    """Replay the detectors over a finished run and return its report."""
-    from grpo_monitor.analysis.report import analyze as _analyze
-
-    return _analyze(path, **options)
-
-
-def run_with_restarts(make_trainer: Any, args: Any, **options: Any) -> Any:
-    """Train with auto-restart into the recommended variant; see ``callbacks.restarts.run_with_restarts``."""
-    from grpo_monitor.callbacks.restarts import run_with_restarts as _run
-
-    return _run(make_trainer, args, **options)

@@ -52,9 +52,9 @@ def stall_then_spread(completions, **kwargs):
 class BurstProbe(Detector):
     """Twelve warnings at step 2, each its own episode."""
     id = "burst_probe"
-    def _reset(self):
+    def _reset_state(self):
         self.state = "ok"
-    def _update(self, step, metrics, samples):
+    def update(self, step, metrics, samples=None):
         if step != 2:
             return []
         return [Finding(detector=f"burst_probe_{i}", severity="warning", step=step, onset_step=step, variant=None,

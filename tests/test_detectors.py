@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from grpo_monitor import detectors
 from grpo_monitor.detectors import ALL_DETECTORS, DETECTOR_IDS
 from grpo_monitor.detectors.base import SEVERITIES, VARIANTS, Finding, RunContext
-from grpo_monitor.detectors.episode import STATES
+from grpo_monitor.detectors.base import STATES
 from grpo_monitor.detectors.variants import VARIANT_PRESETS
 from grpo_monitor.fixtures.synthetic import CASES, generate
 

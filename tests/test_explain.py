@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from grpo_monitor import load_run
-from grpo_monitor.detectors.base import DETECTOR_IDS
+from grpo_monitor.detectors import DETECTOR_IDS
 from grpo_monitor.fixtures.synthetic import generate
 from grpo_monitor.analysis.report import analyze
 from grpo_monitor.analysis.explain import LOSS_NEAR_ZERO, NOTE_IDS, explain

@@ -12,10 +12,10 @@ from tests.conftest import train_tiny
 class Exploding(Detector):
     id = "exploding_test_detector"
 
-    def _reset(self):
+    def _reset_state(self):
         pass
 
-    def _update(self, step, metrics, samples):
+    def update(self, step, metrics, samples=None):
         raise RuntimeError("boom")
 
 

@@ -167,10 +167,10 @@ class PlantedRemedy(Detector):
 
     id = "planted_truncation"
 
-    def _reset(self):
+    def _reset_state(self):
         pass
 
-    def _update(self, step, metrics, samples):
+    def update(self, step, metrics, samples=None):
         severity = {2: "warning", 3: "critical"}.get(step)
         if severity is None:
             return []
@@ -183,10 +183,10 @@ class PlantedCodeFix(Detector):
 
     id = "planted_reward_check"
 
-    def _reset(self):
+    def _reset_state(self):
         pass
 
-    def _update(self, step, metrics, samples):
+    def update(self, step, metrics, samples=None):
         if step != 1:
             return []
         return [Finding(self.id, "critical", step, None, None, {}, {"advice": FIX}, "the reward returned None")]

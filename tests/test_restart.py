@@ -24,10 +24,10 @@ class PlantedFinding(Detector):
         self.planted_variant = variant
         super().__init__()
 
-    def _reset(self):
+    def _reset_state(self):
         pass
 
-    def _update(self, step, metrics, samples):
+    def update(self, step, metrics, samples=None):
         if step != self.at_step:
             return []
         return [Finding("entropy_collapse", "critical", step, step - 1, self.planted_variant, {}, {"planted": True},
@@ -150,7 +150,7 @@ def test_run_with_restarts_switches_to_the_variant_and_records_the_lineage(tmp_p
     assert lineage.segments[1].global_step == 6 and lineage.segments[1].plan is None
     assert (tmp_path / "run" / PLAN_FILE).is_file() and not (tmp_path / "run" / "segment-1" / PLAN_FILE).exists()
     # The lineage reads back as one frame with its segments, and analyze reports each segment.
-    from grpo_monitor import monitor
+    import grpo_monitor as monitor
 
     frame = monitor.load_run(tmp_path / "run")
     assert list(frame["segment"]) == [0, 0, 0, 1, 1, 1, 1, 1, 1]

@@ -212,7 +212,7 @@ def test_a_ratio_not_known_to_come_from_the_engine_needs_a_drift_to_count():
 class PlantedMismatch(RolloutMismatch):
     """Raises one critical mismatch finding at a fixed step: drives the restart machinery on a real run."""
 
-    def _update(self, step, metrics, samples):
+    def update(self, step, metrics, samples=None):
         from grpo_monitor.detectors.base import Finding
 
         if step != 3:

@@ -300,7 +300,7 @@ def replay_with_coverage(
     src: Any, detectors: Sequence[Any] | None = None, names: Sequence[str] | None = None
 ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, dict[str, Any]]]:
     engine = Engine(src.context, detectors)
-    engine.replay(src.steps, src.samples, processes=None)
+    engine.replay(src.steps, src.samples)
     # A segment of a restarted lineage: what earlier segments tried is shown as tried, not dropped.
     header = getattr(getattr(src, "run", None), "header", None)
     recommender = Recommender(src.context.config, is_moe=src.context.is_moe, **lineage_options(header))

@@ -6,10 +6,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.callbacks.monitor_callback import MonitorCallback
+from grpo_monitor.callbacks.options import RestartOptions, RouterOptions, SampleOptions, SegmentPlace
+from grpo_monitor.callbacks.reward_tap import SampleRetention
 from grpo_monitor.core.runlog import RUN_FILE
+from grpo_monitor.detectors.base import Detector
 
 logger = logging.getLogger("grpo_monitor")
 
@@ -25,7 +29,7 @@ def _check_overrides_applied(args: Any, overrides: dict[str, Any]) -> None:
     if missing:
         logger.warning(
             "grpo-monitor: this relaunch did not apply the restart overrides %s: parse TRL flags "
-            "(HfArgumentParser/TrlParser) or call `args = monitor.restart.patched_args(args)` before building the trainer",
+            "(HfArgumentParser/TrlParser) or call `args = grpo_monitor.core.restart.patched_args(args)` before building the trainer",
             missing,
         )
 
@@ -87,38 +91,53 @@ def attach(
     trainer: Any,
     run_dir: str | os.PathLike[str] | None = None,
     *,
+    detectors: Sequence[Detector] | None = None,
+    correctness_reward: str | None = None,
+    format_reward: str | None = None,
+    correct_threshold: float = 0.0,
+    sample_text: str | Mapping[str, int] | SampleRetention = "default",
+    max_text_chars: int = 2000,
+    router_tap: bool = True,
+    moe_probe_every: int = 10,
+    auto_restart: bool = False,
+    max_restarts: int = 2,
+    restart_from: str = "before_onset",
+    alerts: Any = None,
     dashboard: bool = False,
     require_reward_gate: bool = False,
     gate_min_agreement: float = 0.9,
-    **options: Any,
+    place: SegmentPlace | None = None,
+    **alert_options: Any,
 ) -> MonitorCallback:
     """Attach the monitor to a ``GRPOTrainer`` (or any TRL/transformers trainer) and return its callback.
 
     ``run_dir`` defaults to ``<output_dir>/grpo-monitor``; under ``grpo-monitor supervise`` the
-    supervisor's segment directory wins. Options:
-    ``detectors`` (a list replacing the built-in set), ``correctness_reward`` / ``format_reward``
-    (reward function names, checked against the trainer's; guessed from the names otherwise, and
-    a warning names the option when no correctness reward is recognised), ``correct_threshold`` (a correctness
-    reward above it counts as correct; default 0), ``moe_probe_every`` (routing flip-rate probe
-    interval in steps), ``router_tap`` (False: no hooks on a MoE model's routers, so no ``moe/*``
-    routing metrics), ``max_text_chars`` (characters of prompt/completion text kept per sample: its
-    head and its tail), ``sample_text`` (which completions keep text: ``"default"`` keeps, per
-    step, 32 completions drawn fairly plus the best and worst of 8 groups and 4 truncated ones,
-    all of a step with at most 32; ``"all"``, ``"none"``, or a ``SampleRetention``/dict with
-    ``fair``, ``groups``, ``truncated``; every completion keeps its numbers either way),
-    ``auto_restart`` (stop on a confirmed finding and write a restart plan; off by default),
-    ``max_restarts`` (default 2), ``restart_from`` (``before_onset``, ``latest`` or ``initial``).
-    ``alerts`` (a Slack, Discord or other webhook URL, default ``$GRPO_MONITOR_WEBHOOK_URL``; False turns
-    every alert off, the trackers' too), ``alerts_format`` (``slack``/``discord``/``generic``, else from the
-    URL), ``alerts_min_severity`` (``warning`` or ``critical``), ``alerts_trackers`` (True: the trackers in
-    ``args.report_to``; False or a list of names), ``alerts_per_minute``/``alerts_burst`` (rate limit),
-    ``alerts_retries``, ``alerts_timeout``, ``alerts_flush_timeout`` — see ``docs/ALERTS.md``.
+    supervisor's segment directory wins.
 
-    ``require_reward_gate=True`` refuses to train (``RewardGateError``, naming the command to run)
-    until ``grpo-monitor inspect-rewards`` has saved a passed verdict for these reward functions in
-    the run directory, with at least ``gate_min_agreement`` of the judged samples agreed with.
-    ``dashboard=True`` prints the ``grpo-monitor watch`` command for this run. The main process says
-    once where the run log goes and which reward functions count as correctness and as format.
+    - ``detectors``: a list replacing the built-in set.
+    - ``correctness_reward`` / ``format_reward``: reward function names, checked against the trainer's;
+      guessed from the names otherwise (a warning names the option when no correctness reward is
+      recognised). ``correct_threshold``: a correctness reward above it counts as correct (default 0).
+    - ``sample_text``: which completions keep text (``"default"`` keeps, per step, 32 completions drawn
+      fairly plus the best and worst of 8 groups and 4 truncated ones, all of a step with at most 32;
+      ``"all"``, ``"none"``, or a ``SampleRetention``/dict with ``fair``, ``groups``, ``truncated``; every
+      completion keeps its numbers either way); ``max_text_chars``: characters kept per text (head and tail).
+    - ``router_tap``: False leaves a MoE model's routers unhooked (no ``moe/*`` routing metrics);
+      ``moe_probe_every``: the routing flip-rate probe interval in steps.
+    - ``auto_restart``: stop on a confirmed finding and write a restart plan (off by default);
+      ``max_restarts`` (default 2); ``restart_from`` (``before_onset``, ``latest`` or ``initial``).
+    - ``alerts``: a Slack, Discord or other webhook URL (default ``$GRPO_MONITOR_WEBHOOK_URL``; False turns
+      every alert off, the trackers' too), with ``alerts_*`` options (``alerts_format``,
+      ``alerts_min_severity``, ``alerts_trackers``, ``alerts_per_minute``, ...): see ``docs/ALERTS.md``.
+    - ``require_reward_gate=True`` refuses to train (``RewardGateError``, naming the command to run) until
+      ``grpo-monitor inspect-rewards`` has saved a passed verdict for these reward functions in the run
+      directory, with at least ``gate_min_agreement`` of the judged samples agreed with.
+    - ``dashboard=True`` prints the ``grpo-monitor watch`` command for this run.
+    - ``place``: where the run stands in a restarted lineage (``run_with_restarts`` and the supervisor
+      set it).
+
+    The main process says once where the run log goes and which reward functions count as correctness
+    and as format.
 
     >>> monitor_cb = attach(trainer)          # doctest: +SKIP
     >>> trainer.train()                       # doctest: +SKIP
@@ -130,33 +149,44 @@ def attach(
             return cb  # attaching twice would double-wrap the reward functions
     supervised = env_state()
     directory = Path(supervised["run_dir"] or run_dir or default_run_dir(trainer))
-    if supervised["run_dir"]:
-        options.setdefault("segment", supervised["segment"])
-        options.setdefault("restarts_done", supervised["segment"])
-        options.setdefault("lineage_root", directory.parent if supervised["segment"] > 0 else directory)
-        options.setdefault("tried", supervised["tried"])
-        options.setdefault("applied_overrides", supervised["overrides"])
-        if supervised["auto_restart"]:
-            options.setdefault("auto_restart", True)
-        if supervised["max_restarts"] is not None:
-            options.setdefault("max_restarts", supervised["max_restarts"])
-        _check_overrides_applied(trainer.args, supervised["overrides"])
-    options.setdefault("parent_run", supervised["parent_run"])
+    if place is None:
+        place = SegmentPlace(parent_run=supervised["parent_run"])
+        if supervised["run_dir"]:
+            place = SegmentPlace(segment=supervised["segment"], restarts_done=supervised["segment"],
+                                 tried=supervised["tried"], applied_overrides=supervised["overrides"],
+                                 lineage_root=directory.parent if supervised["segment"] > 0 else directory,
+                                 parent_run=supervised["parent_run"])
+            auto_restart = auto_restart or bool(supervised["auto_restart"])
+            if supervised["max_restarts"] is not None:
+                max_restarts = supervised["max_restarts"]
+            _check_overrides_applied(trainer.args, supervised["overrides"])
+    unknown = [k for k in alert_options if not k.startswith("alerts_")]
+    if unknown:
+        raise TypeError(f"attach() got unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
+                        f"{', '.join(map(repr, unknown))}; see help(grpo_monitor.attach)")
     if require_reward_gate:
         from grpo_monitor.preflight.reward_gate import require_gate
 
         # Every rank checks, so all of them refuse together.
         logger.info("grpo-monitor: %s", require_gate(trainer, directory, gate_min_agreement))
-    if "alerts" in options or any(k.startswith("alerts_") for k in options):
+    if alerts is not None or alert_options:
         from grpo_monitor.alerts import AlertOptions
 
         # Checked here, so a mistyped option fails at attach time rather than as a warning mid-run.
-        options["alerts"] = AlertOptions.of({k: options.pop(k) for k in list(options) if k == "alerts" or k.startswith("alerts_")})
-    _check_reward_roles(trainer, options)
-    callback = MonitorCallback(trainer, directory, **options)
+        alerts = AlertOptions.of({**({"alerts": alerts} if alerts is not None else {}), **alert_options})
+    given = {"correctness_reward": correctness_reward, "format_reward": format_reward}
+    _check_reward_roles(trainer, given)
+    callback = MonitorCallback(
+        trainer, directory, detectors=detectors,
+        samples=SampleOptions(correctness_reward, format_reward, correct_threshold, max_text_chars, sample_text),
+        restarts=RestartOptions(auto_restart, max_restarts, restart_from),
+        place=place,
+        router=RouterOptions(router_tap, moe_probe_every),
+        alerts=alerts,
+    )
     trainer.add_callback(callback)
     if _is_main_process(trainer):
-        _announce(callback, options)
+        _announce(callback, given)
     if dashboard and getattr(trainer.args, "process_index", 0) == 0:
         print(f"grpo-monitor: watch this run in another terminal with:  grpo-monitor watch {directory}")
     return callback

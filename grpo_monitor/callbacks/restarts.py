@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.callbacks.attach import attach
+from grpo_monitor.callbacks.options import SegmentPlace
 from grpo_monitor.core.catalogue import apply_overrides
 from grpo_monitor.core.lineage import Lineage, Segment
 from grpo_monitor.core.restart import RestartPlan, segment_dir
@@ -43,20 +44,11 @@ def run_with_restarts(
             extra = {"output_dir": plan.next_output_dir} if plan.next_output_dir else {}
             seg_args = apply_overrides(args, {**plan.cumulative_overrides, **extra})
         trainer = make_trainer(seg_args)
-        callback = attach(
-            trainer,
-            segment_dir(root, n),
-            auto_restart=True,
-            max_restarts=max_restarts,
-            restart_from=restart_from,
-            segment=n,
-            restarts_done=n,
-            lineage_root=root,
-            tried=plan.tried if plan else [],
-            applied_overrides=plan.cumulative_overrides if plan else {},
-            parent_run=plan.parent_run if plan else None,
-            **attach_options,
-        )
+        place = SegmentPlace(segment=n, restarts_done=n, lineage_root=root, tried=plan.tried if plan else [],
+                             applied_overrides=plan.cumulative_overrides if plan else {},
+                             parent_run=plan.parent_run if plan else None)
+        callback = attach(trainer, segment_dir(root, n), auto_restart=True, max_restarts=max_restarts,
+                          restart_from=restart_from, place=place, **attach_options)
         trainer.train(resume_from_checkpoint=plan.resume_from if plan else None)
         segments.append(
             Segment(n, segment_dir(root, n), callback.restart_plan, plan.variant if plan else None,

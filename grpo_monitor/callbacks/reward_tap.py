@@ -32,18 +32,6 @@ from grpo_monitor.detectors.language_mixing import dominant_script, other_script
 from grpo_monitor.detectors.signals import TOP_WORD_RECORDED, repeated_ngram_share, sample_reward, text_hash, top_word_share
 from grpo_monitor.core.metrics import to_value
 
-_CORRECT_HINTS = ("correct", "accuracy", "acc_", "exact_match", "_acc")
-_FORMAT_HINTS = ("format", "xml", "schema", "tag")
-
-
-def guess_component(names: Sequence[str], hints: Sequence[str]) -> str | None:
-    for name in names:
-        low = name.lower()
-        if any(h in low for h in hints):
-            return name
-    return None
-
-
 def _text(x: Any) -> str:
     """Prompts and completions are strings, or chat messages in conversational datasets."""
     if isinstance(x, str):

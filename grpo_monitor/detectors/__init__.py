@@ -1,7 +1,7 @@
 """Online detectors of GRPO failure modes: pure statistics over logged steps (numpy/scipy only)."""
 
 from grpo_monitor.detectors.advantage_mask_bug import AdvantageMaskBug
-from grpo_monitor.detectors.base import DETECTOR_IDS, Detector, Finding, RunContext
+from grpo_monitor.detectors.base import Assessment, Detector, Finding, RunContext
 from grpo_monitor.detectors.broken_generation import BrokenGeneration
 from grpo_monitor.detectors.degenerate_long_cot import DegenerateLongCot
 from grpo_monitor.detectors.entropy_collapse import EntropyCollapse
@@ -50,9 +50,13 @@ ALL_DETECTORS: list[type[Detector]] = [
     NoImprovement,
 ]
 
+# The fixed detector ids, in the registry's order.
+DETECTOR_IDS: tuple[str, ...] = tuple(cls.id for cls in ALL_DETECTORS)
+
 __all__ = [
     "ALL_DETECTORS",
     "AdvantageMaskBug",
+    "Assessment",
     "BrokenGeneration",
     "DETECTOR_IDS",
     "VARIANT_PRESETS",

@@ -21,17 +21,15 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, Sample
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import get
-from grpo_monitor.detectors.stats import fin
 
 MEAN, LO, HI, CLIP = "completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio"
 ADV_MAX, ADV_MIN = "advantages/max", "advantages/min"
 SHORT_ANSWER_TOKENS = 16  # a label, a number, a yes/no with its end token
 
 
-class AdvantageMaskBug(EpisodeDetector):
+class AdvantageMaskBug(Detector):
     """Equal completion lengths with completions ending before the cap, or vanishing advantages.
 
     Parameters: ``persist_points`` (consecutive training steps that must violate an invariant, in
@@ -54,9 +52,6 @@ class AdvantageMaskBug(EpisodeDetector):
     variant = None
     role = "guard"  # an implementation check: a run it alone could read is not judged
     requires = ((f"{LO}", f"{HI}", f"{MEAN}", f"{CLIP}"), (ADV_MAX, "reward_std"))
-    # Without the minimum length neither invariant can be read, and without ADV_MAX the second is
-    # not tried: ``_assess`` answers None.
-    inert_without = (LO, ADV_MAX)
 
     def __init__(self, persist_points: int = 3, short_frac: float = 0.5, adv_ratio: float = 1e-3,
                  max_clipped: float = 0.9) -> None:
@@ -67,7 +62,6 @@ class AdvantageMaskBug(EpisodeDetector):
         super().__init__()
 
     def _reset_state(self) -> None:
-        self._healthy = Assessment(level=0, evidence={"equal_lengths": False, "vanished_advantages": False})
         self.equal_run = 0
         self.equal_since: int | None = None
         self.equal_values: deque[float] = deque(maxlen=8)
@@ -79,13 +73,13 @@ class AdvantageMaskBug(EpisodeDetector):
         self.cap = float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
 
     def _equal_lengths(self, step: int, metrics: Metrics) -> bool | None:
-        lo, hi = metrics.get(LO), metrics.get(HI)
-        if type(lo) is float and type(hi) is float and hi - lo > 1e-6 * max(1.0, abs(hi)):
-            # The common case, decided without the other two metrics.
+        lo, hi = get(metrics, LO), get(metrics, HI)
+        if lo is not None and hi is not None and hi - lo > 1e-6 * max(1.0, abs(hi)):
+            # Lengths that differ are not equal, whatever else the step logs.
             self.equal_run = 0
             self.equal_since = None
             return False
-        mean, lo, hi, clip = get(metrics, MEAN), get(metrics, LO), get(metrics, HI), get(metrics, CLIP)
+        mean, clip = get(metrics, MEAN), get(metrics, CLIP)
         if mean is None or lo is None or hi is None or clip is None:
             return None
         tol = 1e-6 * max(1.0, abs(hi))
@@ -133,53 +127,23 @@ class AdvantageMaskBug(EpisodeDetector):
             if not self.adv_run:
                 self.adv_since = step
             self.adv_run += 1
-            self.adv_last = {"advantages_max_abs": fin(spread), "reward_std": fin(rstd), "frac_reward_zero_std": fin(zero)}
+            self.adv_last = {"advantages_max_abs": finite(spread), "reward_std": finite(rstd), "frac_reward_zero_std": finite(zero)}
         else:
             self.adv_run = 0
             self.adv_since = None
         return bad
 
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
-        # The common step of ``_assess`` below with ``EpisodeDetector._step``'s healthy
-        # ending, whole in one call; any other step goes that way.
-        lo = metrics.get(LO)
-        hi = metrics.get(HI)
-        if lo.__class__ is float and hi.__class__ is float and ADV_MAX not in metrics and not self.in_episode:
-            a = hi if hi >= 0.0 else -hi
-            if hi - lo > 1e-6 * (a if a > 1.0 else 1.0):
-                if self.equal_run:
-                    self.equal_run = 0
-                    self.equal_since = None
-                self._evidence = self._healthy.evidence
-                self.state = "ok"
-                if self._pending:
-                    self._pending = 0
-                    self._pending_onset = None
-                return NOTHING
-        return EpisodeDetector._step(self, step, metrics, samples)
-
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        # The common case, as ``_equal_lengths`` decides it, inlined: plain float lengths that differ,
-        # no advantages logged, no episode open.
-        lo = metrics.get(LO)
-        hi = metrics.get(HI)
-        if lo.__class__ is float and hi.__class__ is float and ADV_MAX not in metrics and not self.in_episode:
-            a = hi if hi >= 0.0 else -hi
-            if hi - lo > 1e-6 * (a if a > 1.0 else 1.0):
-                if self.equal_run:
-                    self.equal_run = 0
-                    self.equal_since = None
-                return self._healthy
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         eq = self._equal_lengths(step, metrics)
         adv = self._vanished_advantages(step, metrics)
         if eq is None and adv is None:
             return None
         if not eq and not adv and not self.in_episode:
-            return self._healthy
+            return Assessment(0, {"equal_lengths": False, "vanished_advantages": False})
         # A logged point averages its window, and an average of maxima equals one of minima only if
         # every step's did: a coarse point is as many steps of evidence as it covers.
         # Before a second point shows the spacing, the run's logging_steps says it.
-        gap = self.clock.gap if len(self.clock._steps) >= 2 else max(1, int(self.context.logging_steps or 1))
+        gap = self.clock.gap if len(self.clock.steps) >= 2 else max(1, int(self.context.logging_steps or 1))
         # Two points at least: a log's first point often averages a transient.
         need = max(2, -(-self.persist_points // gap))
         ev: dict[str, Any] = {"persist_points": need}
@@ -188,9 +152,9 @@ class AdvantageMaskBug(EpisodeDetector):
                 "invariant": "equal_lengths",
                 "points": self.equal_run,
                 "since_step": self.equal_since,
-                "lengths": [fin(v) for v in self.equal_values],
-                "clipped_ratio": [fin(v) for v in self.equal_clipped],
-                "length_cap": fin(self.cap),
+                "lengths": [finite(v) for v in self.equal_values],
+                "clipped_ratio": [finite(v) for v in self.equal_clipped],
+                "length_cap": finite(self.cap),
                 "advice": ("Every completion has the same length although some end before the cap: the completion "
                            "mask counts positions past the end of the text. Pad after EOS with the pad id (not the EOS "
                            "id), build the mask from the first EOS, and check that pad_token differs from eos_token."),
@@ -204,7 +168,7 @@ class AdvantageMaskBug(EpisodeDetector):
                                   "advantage scaling.")})
             return Assessment(level=2, evidence=ev, onset_step=self.adv_since)
         if eq and self.equal_run >= need:
-            ev["fixed_length_answers"] = fin(self.equal_values[-1])
+            ev["fixed_length_answers"] = finite(self.equal_values[-1])
         return Assessment(level=0, evidence=ev)
 
     def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:

@@ -1,49 +1,61 @@
-"""The detector contract shared by every detector.
+"""The detector contract: a finding, what a run tells its detectors, and the base class every detector extends.
 
-A detector consumes one logged step at a time (its metrics under TRL 1.16 names and, when the
-run records them, the per-completion sample records of that step) and returns the findings it
-raises at that step. Everything a detector knows is in its own state; ``reset`` rebuilds that
-state, so a reset detector behaves exactly like a fresh one.
+A detector sees one logged step at a time: its metrics under TRL 1.16 names and, when the run records them,
+the per-completion sample records of that step. It implements one method, ``assess``, which says what this
+step shows: healthy (level 0), first evidence of its failure (level 1) or corroborated, persistent evidence
+(level 2), still warming up, or nothing to judge (None). The base class's ``update`` turns assessments into
+findings (an *episode*): one finding per severity per episode, a warning may later escalate to a critical,
+the episode ends only after a stretch of healthy steps, and a new episode may then raise again.
+
+A detector, whole (``detectors/non_finite.py`` is the smallest real one):
+
+>>> class LossIsNegative(Detector):
+...     id = "loss_is_negative"
+...     requires = (("loss",),)
+...
+...     def __init__(self, points: int = 3) -> None:
+...         self.points = check_int("points", points, 1)   # parameters validated, kept under their names
+...         super().__init__()
+...
+...     def _reset_state(self) -> None:
+...         self.run = 0                                     # all mutable state, rebuilt by ``reset``
+...
+...     def assess(self, step, metrics, samples):
+...         loss = finite(metrics.get("loss"))
+...         if loss is None:
+...             return None                                  # nothing measured at this step
+...         self.run = self.run + 1 if loss < 0 else 0
+...         level = 2 if self.run >= self.points else 1 if self.run else 0
+...         return Assessment(level, {"loss": loss, "points_in_a_row": self.run})
+...
+...     def _message(self, severity, evidence):
+...         return f"The loss has been negative for {evidence['points_in_a_row']} logged steps."
+>>> det = LossIsNegative()
+>>> [(f.severity, f.step) for s in range(1, 6) for f in det.update(s, {"loss": -0.1 if s > 1 else 0.2})]
+[('warning', 2), ('critical', 4)]
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import fnmatch
+import inspect
 import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from grpo_monitor.detectors.numbers import finite, to_number
+from grpo_monitor.detectors.stats import StepClock, tidy
+from grpo_monitor.detectors.variants import preset
+
 SEVERITIES = ("info", "warning", "critical")
 VARIANTS = ("dapo", "dr_grpo", "gspo")
-DETECTOR_IDS = (
-    "entropy_collapse",
-    "degenerate_long_cot",
-    "length_reward_coupling",
-    "moe_instability",
-    "no_learning_signal",
-    "reward_component_divergence",
-    "non_finite",
-    "moe_model_detected",
-    "rollout_mismatch",
-    "sudden_collapse",
-    "broken_generation",
-    "advantage_mask_bug",
-    "language_mixing",
-    "memory_pressure",
-    "stall",
-    "entropy_rise",
-    "grad_norm_spike",
-    "length_collapse",
-    "no_improvement",
-    "reward_function_bug",
-    "truncation",
-)
+STATES = ("warming_up", "ok", "warning", "critical")
+
+__all__ = ["Assessment", "Detector", "Finding", "RunContext", "check_float", "check_int", "finite", "to_number",
+           "unmet"]
 
 Metrics = Mapping[str, "float | None"]
-# How many detector resets this process has seen.
-RESETS = [0]
 Sample = Mapping[str, Any]
 
 
@@ -94,34 +106,7 @@ class RunContext:
         return bool(self.model.get("is_moe"))
 
 
-def finite(value: Any) -> float | None:
-    """The value as a float when it is a finite number, else None (a gap or a non-finite value)."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def slow_finite(value: Any) -> float | None:
-    """``finite`` for a value a hot path has already found not to be a finite plain float (a plain
-    float here is NaN or infinite): such paths test ``v.__class__ is float and v - v == 0.0`` inline
-    and call this for the rest.
-
-    >>> slow_finite(float("nan")), slow_finite(3), slow_finite(None)
-    (None, 3.0, None)
-    """
-    return None if value.__class__ is float else finite(value)
-
-
-# Inputs of built-in detectors whose modules leave ``requires`` undeclared.
-KNOWN_REQUIRES: dict[str, tuple[tuple[str, ...], ...]] = {
-    "no_learning_signal": (("frac_reward_zero_std",), ("completions/clipped_ratio",), ("reward_std", "grad_norm")),
-    "rollout_mismatch": (("mismatch/*|sampling/*",),),
-}
-
+# -- what a detector judges from -------------------------------------------------------------------
 
 def _has_input(spec: str, names: Collection[str], has_samples: bool) -> bool:
     for alt in spec.split("|"):
@@ -160,6 +145,7 @@ def unmet(requires: Sequence[Sequence[str]] | None, names: Collection[str], has_
             return None
         if best is None or len(missing) < len(best):
             best = missing
+
     def grouped(spec: str, among: int) -> str:
         text = describe_input(spec)
         return f"({text})" if among > 1 and "|" in spec else text
@@ -170,72 +156,75 @@ def unmet(requires: Sequence[Sequence[str]] | None, names: Collection[str], has_
     return text
 
 
-class StepCount:
-    """Steps an engine counted for its detectors (those it leaves idle, and those it calls through
-    ``_step``): one count for all of them, which each one's ``n_updates`` reads from the point it
-    was handed over."""
+# -- assessments and parameters ----------------------------------------------------------------------
 
-    __slots__ = ("n",)
+@dataclasses.dataclass
+class Assessment:
+    """What a detector concluded at one step: ``level`` 0 (healthy), 1 (first evidence) or 2 (corroborated
+    and persistent), the numbers behind it, the estimated onset of the change, or that it is warming up.
 
-    def __init__(self) -> None:
-        self.n = 0
+    >>> Assessment(1, {"ratio": 0.2}, onset_step=40).level
+    1
+    """
+
+    level: int = 0
+    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
+    onset_step: int | None = None
+    warming_up: bool = False
 
 
-class Detector(abc.ABC):
-    """Base class: ``update`` one step at a time, ``reset`` to start over.
+def check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
 
-    Subclasses set ``id`` (a fixed detector id) and ``variant`` (the GRPO variant that cures
-    what they detect, or None), validate their parameters in ``__init__`` and keep them under
-    their own names, build all mutable state in ``_reset`` and implement ``_update``.
+
+def check_float(name: str, value: Any, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")  # noqa: TRY004  (the contract: ValueError)
+    v = float(value)
+    bad_low = v <= low if low_open else v < low
+    bad_high = v >= high if high_open else v > high
+    if math.isnan(v) or bad_low or bad_high:
+        lb = "(" if low_open else "["
+        hb = ")" if high_open else "]"
+        raise ValueError(f"{name} must be in {lb}{low}, {high}{hb}, got {value!r}")
+    return v
+
+
+# -- the detector ------------------------------------------------------------------------------------
+
+class Detector:
+    """Base of every detector: ``update`` one step at a time, ``reset`` to start over.
+
+    A subclass sets ``id`` (a fixed detector id), ``variant`` (the GRPO variant that cures what it detects,
+    or None) and ``requires``; validates its parameters in ``__init__`` and keeps them under their own
+    names; builds its mutable state in ``_reset_state``; and implements ``assess`` and ``_message``.
+    ``_overrides`` (the ``GRPOConfig`` diff, by default the variant's preset) and ``_variant`` may be
+    overridden when the cure depends on the evidence.
     """
 
     id: str = ""
     variant: str | None = None
-    # For dashboards: "warming_up", "ok", "warning" or "critical", and the numbers behind it.
-    state: str = "ok"
-    last_evidence: dict[str, Any] = {}
-    # The inputs it judges from, so a report can say which detectors could judge a run and why
-    # the others could not: alternatives, each a tuple of inputs that must all be logged. An input
-    # is a metric name, ``a|b`` (either), a name with ``*`` (any matching one) or ``samples``
-    # (per-completion records). None leaves it undeclared: the detector then counts as judging
-    # once it has left its warm-up.
+    # The inputs it judges from, so a report can say which detectors could judge a run and why the others
+    # could not: alternatives, each a tuple of inputs that must all be logged. An input is a metric name,
+    # ``a|b`` (either), a name with ``*`` (any matching one) or ``samples`` (per-completion records). None
+    # leaves it undeclared: the detector then counts as judging once it has left its warm-up.
     requires: tuple[tuple[str, ...], ...] | None = None
-    # "failure": judges whether training works (a run no failure detector could judge is never
-    # called healthy); "guard": sanity checks (non-finite values); "info": facts about the run.
+    # "failure": judges whether training works (a run no failure detector could judge is never called
+    # healthy); "guard": sanity checks (non-finite values); "info": facts about the run.
     role: str = "failure"
-    # Metric names (and ``samples``, a non-empty batch) without any of which a step is one that
-    # ``update`` only counts: ``n_updates`` and, for an episode detector, its step clock, nothing
-    # else. The engine then counts such a step itself rather than calling ``update``. Honoured only
-    # on an episode detector using the shared ``update``, declared by the class itself (a subclass
-    # that changes what a step does must declare it again); None: called at every step.
-    inert_without: tuple[str, ...] | None = None
-    # A class may also define ``inert_now(metrics, has_samples)``: True when its state is settled so
-    # that every step with exactly these metric names (and sample presence) only counts, as above,
-    # and leaves that state as it is. The engine asks it when the names change and now and then
-    # until it says so (it must be cheap and must not change anything); defined by the class
-    # itself, like ``inert_without``.
-
-    # Steps this detector counted itself (``_n``), and, while an engine counts its steps for it, the
-    # engine's count and where that count stood when it took over (``_count``, ``_count_base``):
-    # ``n_updates`` adds the two up.
-    _n: int = 0
-    _count: StepCount | None = None
-    _count_base: int = 0
+    # What assessments at level 1 and level 2 raise.
+    severities: tuple[str, str] = ("warning", "critical")
+    # An episode ends after this many healthy assessments in a row that also cover ``clear_steps`` training
+    # steps (fine logs clear slower). None: it never ends, so each severity is raised at most once per run
+    # (a fact about the run rather than a state it can leave); the state still follows each assessment.
+    clear_after: int | None = 3
+    clear_steps: int = 10
 
     def __init__(self) -> None:
         self.context = RunContext()
         self.reset()
-
-    @property
-    def n_updates(self) -> int:
-        """Steps fed so far, whether it counted them itself or an engine counted them for it."""
-        c = self._count
-        return self._n if c is None else self._n + c.n - self._count_base
-
-    @n_updates.setter
-    def n_updates(self, value: int) -> None:
-        c = self._count
-        self._n = value if c is None else value - (c.n - self._count_base)
 
     def start(self, context: RunContext) -> None:
         """Bind the run's facts and start from a fresh state."""
@@ -243,25 +232,138 @@ class Detector(abc.ABC):
         self.reset()
 
     def reset(self) -> None:
-        RESETS[0] += 1  # an engine that leaves settled detectors out asks them again
-        self._n = 0
-        self._count = None
-        self._reset()
+        """Back to the state of a fresh detector."""
+        self.n_updates = 0
+        self.state = "warming_up"
+        self._evidence: dict[str, Any] = {}
+        self.in_episode = False
+        self.episode_start: int | None = None
+        self.episode_len = 0
+        self._emitted = 0
+        self._healthy_run = 0
+        self._healthy_since: int | None = None
+        self._pending = 0
+        self._pending_onset: int | None = None
+        self._pending_first: int | None = None
+        self.clock = StepClock()
+        # Opening an episode takes ``confirm_points`` consecutive assessments at level >= 1 that also cover
+        # ``confirm_steps`` training steps (one point of a coarse log covers several), so fine and coarse
+        # logs need the same stretch of training as evidence.
+        self.confirm_points = 1
+        self.confirm_steps = 0
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        """Build the subclass's own mutable state."""
+
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        """What this step shows; None when it shows nothing this detector reads (nothing changes then)."""
+        raise NotImplementedError
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        raise NotImplementedError
+
+    def _variant(self) -> str | None:
+        return self.variant
+
+    def _overrides(self) -> dict[str, Any]:
+        return preset(self._variant(), self.context.config)
+
+    @property
+    def last_evidence(self) -> dict[str, Any]:
+        """The latest assessment's evidence, JSON-safe."""
+        return tidy(self._evidence)  # type: ignore[return-value]
 
     def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
-        self._n += 1
-        return self._update(int(step), metrics, samples or ())
+        """Assess one logged step and return the findings it raises (empty when none)."""
+        step = int(step)
+        if not isinstance(metrics, Mapping):
+            metrics = {}
+        self.n_updates += 1
+        self.clock.tick(step)
+        a = self.assess(step, metrics, samples or ())
+        if a is None:
+            return []
+        self._evidence = a.evidence
+        if a.level == 0 and not self.in_episode:
+            self.state = "warming_up" if a.warming_up else "ok"
+            self._pending = 0
+            self._pending_onset = None
+            return []
+        return self._book(step, a)
 
-    @abc.abstractmethod
-    def _reset(self) -> None: ...
+    def _book(self, step: int, a: Assessment) -> list[Finding]:
+        """The episode bookkeeping of a step that is not plainly healthy."""
+        if a.warming_up and not self.in_episode:
+            self.state = "warming_up"
+            return []
+        if a.level >= 1 and not self.in_episode:
+            self._pending += 1
+            if self._pending == 1:
+                self._pending_onset = a.onset_step if a.onset_step is not None else step
+                self._pending_first = step
+            covered = step - (self._pending_first or step) + self.clock.gap
+            if self._pending < max(1, self.confirm_points) or covered < self.confirm_steps:
+                self.state = "ok"
+                return []
+        findings: list[Finding] = []
+        if a.level >= 1:
+            self._healthy_run = 0
+            self._healthy_since = None
+            if not self.in_episode:
+                self.in_episode = True
+                onset = a.onset_step if a.onset_step is not None else step
+                if self._pending_onset is not None:
+                    onset = min(onset, self._pending_onset)
+                self.episode_start = onset
+                self.episode_len = 0
+                self._pending = 0
+                self._pending_onset = None
+            self.episode_len += 1
+            if a.level > self._emitted:
+                self._emitted = a.level
+                findings.append(self._finding(step, self.severities[min(a.level, 2) - 1]))
+            self.state = self._state_after(self._emitted)
+        elif self.in_episode:
+            self._healthy_run += 1
+            if self._healthy_since is None:
+                self._healthy_since = step
+            if self.clear_after is None:
+                self.state = "ok"
+            elif self._healthy_run >= self.clear_after and step - self._healthy_since >= self.clear_steps - 1:
+                self.in_episode = False
+                self.episode_start = None
+                self.episode_len = 0
+                self._emitted = 0
+                self.state = "ok"
+        else:
+            self._pending = 0
+            self._pending_onset = None
+            self.state = "ok"
+        return findings
 
-    @abc.abstractmethod
-    def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]: ...
+    def _state_after(self, level: int) -> str:
+        severity = self.severities[min(level, 2) - 1]
+        return severity if severity in ("warning", "critical") else "ok"
+
+    def _finding(self, step: int, severity: str) -> Finding:
+        evidence: dict[str, Any] = tidy(self._evidence)  # type: ignore[assignment]
+        variant, overrides, message = self._variant(), self._overrides(), self._message(severity, evidence)
+        cfg = self.context.config or {}
+        if (self.context.is_moe and variant not in (None, "gspo")
+                and cfg.get("importance_sampling_level") != "sequence"):
+            # The recipe requires GSPO's sequence-level ratio on MoE: any switch there is GSPO.
+            variant, overrides = "gspo", preset("gspo", cfg)
+            message += (" This is a mixture-of-experts model: instead, switch to GSPO (sequence-level "
+                        "importance ratio), which the recipe requires there.")
+        return Finding(detector=self.id, severity=severity, step=step, onset_step=self.episode_start,
+                       variant=variant, config_overrides=overrides, evidence=evidence, message=message)
+
+    # -- what a report says of it ----------------------------------------------------------------
 
     def missing_inputs(self, names: Collection[str], has_samples: bool = False) -> str | None:
         """Why a run logging ``names`` gives this detector nothing to judge (None: it has what it needs)."""
-        requires = self.requires if self.requires is not None else KNOWN_REQUIRES.get(self.id)
-        return unmet(requires, names, has_samples)
+        return unmet(self.requires, names, has_samples)
 
     def not_applicable(self, names: Collection[str]) -> str | None:
         """Why this detector does not apply to the run at all (None: it applies)."""
@@ -269,10 +371,8 @@ class Detector(abc.ABC):
 
     def params(self) -> dict[str, Any]:
         """The constructor parameters, read back from the attributes they are stored under."""
-        import inspect
-
         sig = inspect.signature(type(self).__init__)
-        return {n: getattr(self, n) for n in sig.parameters if n != "self"}
+        return {n: getattr(self, n) for n in sig.parameters if n not in ("self", "args", "kwargs")}
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())

@@ -23,10 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample, finite
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import fair_sample, get, sample_length, sample_top_word_share
-from grpo_monitor.detectors.stats import fin, mann_kendall, median
+from grpo_monitor.detectors.stats import mann_kendall, median
 
 GAP = "sampling/sampling_logp_difference/mean"
 
@@ -80,7 +79,7 @@ def garbage_share(samples: Sequence[Sample], max_samples: int = 256, min_samples
     return (bad / n, n) if n >= min_samples else None
 
 
-class BrokenGeneration(EpisodeDetector):
+class BrokenGeneration(Detector):
     """Garbage completions right after the first updates, or a generator left on stale weights.
 
     Parameters: ``early_steps`` (training steps after the first logged step within which garbage
@@ -116,9 +115,6 @@ class BrokenGeneration(EpisodeDetector):
         self.min_points = check_int("min_points", min_points, 4)
         super().__init__()
 
-    def inert_now(self, metrics: Metrics, has_samples: bool) -> bool:
-        # Both start windows closed with nothing open: ``_assess`` answers None from here on.
-        return self.done_early and self.done_stale
 
     def _reset_state(self) -> None:
         self.first_step: int | None = None
@@ -155,9 +151,9 @@ class BrokenGeneration(EpisodeDetector):
         capped = clip is not None and clip >= 0.9
         alike = zero is not None and zero >= 0.9
         garbage = g is not None and g >= self.garbage_frac
-        ev.update({"reward": fin(r), "first_reward": fin(r0), "clipped_ratio": fin(clip), "frac_reward_zero_std": fin(zero)})
+        ev.update({"reward": finite(r), "first_reward": finite(r0), "clipped_ratio": finite(clip), "frac_reward_zero_std": finite(zero)})
         if got:
-            ev.update({"garbage_share": fin(g), "measured_completions": got[1]})
+            ev.update({"garbage_share": finite(g), "measured_completions": got[1]})
         if not early:
             # Past the start: the episode lasts while the reward stays down or the garbage stays.
             if garbage or dropped:
@@ -185,7 +181,7 @@ class BrokenGeneration(EpisodeDetector):
 
     def _gap(self) -> int:
         """Steps per logged point; before a second point shows it, the run's ``logging_steps``."""
-        return self.clock.gap if len(self.clock._steps) >= 2 else max(1, int(self.context.logging_steps or 1))
+        return self.clock.gap if len(self.clock.steps) >= 2 else max(1, int(self.context.logging_steps or 1))
 
     # -- stale weights ---------------------------------------------------------------------------
 
@@ -229,9 +225,9 @@ class BrokenGeneration(EpisodeDetector):
             self.stale_level = max(self.stale_level, level)
             self.stale_first = head
             sleep = (self.context.config or {}).get("vllm_enable_sleep_mode") is True
-            ev.update({"mode": "stale_generator_weights", "logp_gap_first": fin(head), "logp_gap_recent": fin(tail),
-                       "logp_gap_ratio": fin(ratio), "gap_trend": trend.as_evidence(), "reward_trend_p_up": fin(rew.p_up),
-                       "grad_norm_median": fin(grad), "points": n, "first_step": self.first_step,
+            ev.update({"mode": "stale_generator_weights", "logp_gap_first": finite(head), "logp_gap_recent": finite(tail),
+                       "logp_gap_ratio": finite(ratio), "gap_trend": trend.as_evidence(), "reward_trend_p_up": finite(rew.p_up),
+                       "grad_norm_median": finite(grad), "points": n, "first_step": self.first_step,
                        "advice": ("The train-inference gap grows from the first step while the reward stays flat: the "
                                   "generator samples from weights the trainer no longer has. Check the weight sync "
                                   "(vllm_enable_sleep_mode with colocate, LoRA adapters merged or reloaded into vLLM) "
@@ -242,7 +238,7 @@ class BrokenGeneration(EpisodeDetector):
             return self.stale_level  # a noisy point does not end it while the gap stays up
         return level
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if self.done_early and self.done_stale:  # both start windows are over and nothing is open
             return None
         if self.first_step is None:

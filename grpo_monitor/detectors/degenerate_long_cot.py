@@ -12,8 +12,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, RunContext, Sample, slow_finite  # noqa: F401  (RunContext: doctest)
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import (  # noqa: F401  (RunContext: doctest)
+    Assessment,
+    Detector,
+    Metrics,
+    RunContext,
+    Sample,
+    check_float,
+    check_int,
+    finite,
+)
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
     EntropyTrack,
@@ -25,7 +33,7 @@ from grpo_monitor.detectors.signals import (
     sample_length,
     sample_tail_repetition,
 )
-from grpo_monitor.detectors.stats import fin, mann_kendall, median
+from grpo_monitor.detectors.stats import mann_kendall, median
 from grpo_monitor.detectors.variants import EXTRA_ADVICE
 
 
@@ -48,7 +56,7 @@ def long_completion_repetition(samples: Sequence[Sample], max_samples: int = 256
     return sum(shares) / len(shares) if shares else None
 
 
-class DegenerateLongCot(EpisodeDetector):
+class DegenerateLongCot(Detector):
     """Entropy well above its baseline with length and truncation rising and reward falling.
 
     Parameters: ``entropy_ratio`` (entropy at or above this multiple of the baseline counts as
@@ -114,112 +122,10 @@ class DegenerateLongCot(EpisodeDetector):
         self._longest_hits = 0
         # The entropy a single point must reach before a recent median could show the rise.
         self._far_factor = 1.0 + 0.5 * (self.entropy_ratio - 1.0)
-        self._settled = False
-        self._far_base = 0.0
-        self._far_line = 0.0
-        self._deques: tuple[Any, ...] = ()
 
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
-        # The common step, entropy far below a rise outside any episode, whole in one call: what
-        # ``EpisodeDetector._step`` and ``_assess`` do for it, written out. Any other step goes the
-        # general way.
-        h = metrics.get("entropy")
-        if (h.__class__ is float and 0.0 < h < self._far_line and self._settled and not self.in_episode
-                and not samples and self.cap is not None and self.correctness.fixed):
-            mget = metrics.get
-            hs, hv, ls, lv, cs_, cv, rs, rv, ts, tv = self._deques
-            hs.append(step)
-            hv.append(h)
-            L = mget("completions/mean_length")
-            if L.__class__ is not float or L - L != 0.0:
-                L = slow_finite(L)
-            if L is not None and L > 0:
-                ls.append(step)
-                lv.append(L)
-            c = mget("completions/clipped_ratio")
-            if c.__class__ is not float or c - c != 0.0:
-                c = slow_finite(c)
-            if c is not None:
-                cs_.append(step)
-                cv.append(c)
-            r = mget(self.correctness.key)
-            if r.__class__ is not float or r - r != 0.0:
-                r = slow_finite(r)
-            if r is not None:
-                rs.append(step)
-                rv.append(r)
-            t = mget("reward")
-            if t.__class__ is not float or t - t != 0.0:
-                t = slow_finite(t)
-            if t is not None:
-                ts.append(step)
-                tv.append(t)
-            verdict = (self._far_evidence, h, self._far_base)
-            if self._pending or self.state != "ok":
-                return self._conclude(step, verdict)
-            self._evidence = verdict
-            return NOTHING
-        return EpisodeDetector._step(self, step, metrics, samples)
-
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        # Runs every step: each metric is read once, a finite plain float taken as it is (anything else
-        # goes the careful way), and the pushes are ``LevelTrack.push`` written out for settled tracks.
-        mget = metrics.get
-        if self._settled:
-            hs, hv, ls, lv, cs, cv, rs, rv, ts, tv = self._deques
-            h = mget("entropy")
-            if h.__class__ is float and 0.0 < h < _INF:
-                hs.append(step)
-                hv.append(h)
-            else:
-                h = self.entropy.push_metrics(step, metrics)
-            L = mget("completions/mean_length")
-            if L.__class__ is not float or L - L != 0.0:
-                L = slow_finite(L)
-            if L is not None and L > 0:
-                ls.append(step)
-                lv.append(L)
-            c = mget("completions/clipped_ratio")
-            if c.__class__ is not float or c - c != 0.0:
-                c = slow_finite(c)
-            if c is not None:
-                cs.append(step)
-                cv.append(c)
-            source = self.correctness
-            if source.fixed:
-                r = mget(source.key)
-                if r.__class__ is not float or r - r != 0.0:
-                    r = slow_finite(r)
-            else:
-                r = source.value(metrics)
-            if r is not None:
-                rs.append(step)
-                rv.append(r)
-            t = mget("reward")
-            if t.__class__ is not float or t - t != 0.0:
-                t = slow_finite(t)
-            if t is not None:
-                ts.append(step)
-                tv.append(t)
-            if self.cap is None or samples:
-                self._cap_and_repetition(step, metrics, samples)
-            if h is None:
-                if L is None and c is None:
-                    return None
-            elif not self.in_episode and h < self._far_line:
-                return (self._far_evidence, h, self._far_base)
-            return self._judge(step)
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         entropy = self.entropy
-        h = mget("entropy")
-        if h.__class__ is float and 0.0 < h < _INF:
-            if entropy.baseline.value is None:
-                entropy.push(step, h)
-            else:
-                w = entropy.window
-                w.steps.append(step)
-                w.values.append(h)
-        else:  # zero (the masked-truncation gap), non-finite, missing or not a float
-            h = entropy.push_metrics(step, metrics)
+        h = entropy.push_metrics(step, metrics)
         if h is not None:
             self._saw_entropy = True
             # Entropy exploded before it ever settled: the first points are the healthy reference.
@@ -227,54 +133,18 @@ class DegenerateLongCot(EpisodeDetector):
                                                                            high=1.5 * self.entropy_ratio):
                 for track in (self.length, self.clipped, self.correct):
                     track.force_early(step)
-        L = mget("completions/mean_length")
-        if L.__class__ is not float or L - L != 0.0:
-            L = slow_finite(L)
+        L = get(metrics, "completions/mean_length")
         if L is not None and L > 0:
-            track = self.length
-            if track.baseline.value is None:
-                track.push(step, L)
-            else:
-                w = track.window
-                w.steps.append(step)
-                w.values.append(L)
-        c = mget("completions/clipped_ratio")
-        if c.__class__ is not float or c - c != 0.0:
-            c = slow_finite(c)
+            self.length.push(step, L)
+        c = get(metrics, "completions/clipped_ratio")
         if c is not None:
-            track = self.clipped
-            if track.baseline.value is None:
-                track.push(step, c)
-            else:
-                w = track.window
-                w.steps.append(step)
-                w.values.append(c)
-        source = self.correctness
-        if source.fixed:
-            r = mget(source.key)
-            if r.__class__ is not float or r - r != 0.0:
-                r = slow_finite(r)
-        else:
-            r = source.value(metrics)
+            self.clipped.push(step, c)
+        r = self.correctness.value(metrics)
         if r is not None:
-            track = self.correct
-            if track.baseline.value is None:
-                track.push(step, r)
-            else:
-                w = track.window
-                w.steps.append(step)
-                w.values.append(r)
-        t = mget("reward")
-        if t.__class__ is not float or t - t != 0.0:
-            t = slow_finite(t)
+            self.correct.push(step, r)
+        t = get(metrics, "reward")
         if t is not None:
-            track = self.total
-            if track.baseline.value is None:
-                track.push(step, t)
-            else:
-                w = track.window
-                w.steps.append(step)
-                w.values.append(t)
+            self.total.push(step, t)
         self._cap_and_repetition(step, metrics, samples)
         if h is None and L is None and c is None:
             return None
@@ -283,24 +153,10 @@ class DegenerateLongCot(EpisodeDetector):
             return Assessment(warming_up=True)
         if self.length.baseline.value is None and self.clipped.baseline.value is None:
             return Assessment(warming_up=True)
-        if (e_base is not None and self.length.baseline.value is not None and self.clipped.baseline.value is not None
-                and self.correct.baseline.value is not None and self.total.baseline.value is not None):
-            self._settle_tracks()
-        if not self.in_episode and h is not None and e_base is not None:
-            base = e_base or 0.0
-            if h < self._far_factor * base:
-                # This point is far below the rise a median of recent points would need.
-                return (self._far_evidence, h, base)
+        if not self.in_episode and h is not None and e_base is not None and h < self._far_factor * e_base:
+            # This point is far below the rise a median of recent points would need.
+            return Assessment(0, {"entropy": {"latest": h, "baseline": e_base, "threshold_ratio": self.entropy_ratio}})
         return self._judge(step)
-
-    def _settle_tracks(self) -> None:
-        """Every track's baseline is set (none is ever unset): from the next step on, ``_assess``
-        appends to the windows directly."""
-        self._settled = True
-        self._far_base = self.entropy.baseline.value or 0.0
-        self._far_line = self._far_factor * self._far_base
-        self._deques = tuple(d for t in (self.entropy, self.length, self.clipped, self.correct, self.total)
-                             for d in (t.window.steps, t.window.values))
 
     def _cap_and_repetition(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> None:
         if self.cap is None:
@@ -314,9 +170,6 @@ class DegenerateLongCot(EpisodeDetector):
             rep = long_completion_repetition(samples)
             if rep is not None:
                 self.repetition.push(step, rep)
-
-    def _far_evidence(self, h: float, base: float) -> dict[str, Any]:
-        return {"entropy": {"latest": h, "baseline": base, "threshold_ratio": self.entropy_ratio}}
 
     @property
     def length_cap(self) -> float | None:
@@ -336,7 +189,7 @@ class DegenerateLongCot(EpisodeDetector):
         if rr is None or rb is None or len(vals) < 6:
             return False
         mk = mann_kendall(vals)
-        ev["correctness_trend"] = {"recent": fin(rr), "baseline": fin(rb), "points": kk, "p_down": fin(mk.p_down)}
+        ev["correctness_trend"] = {"recent": finite(rr), "baseline": finite(rb), "points": kk, "p_down": finite(mk.p_down)}
         return rb - rr > self.reward_drop * abs(rb) * relax and mk.p_down < 0.05 / relax
 
     def _reward_rising(self, k: int) -> bool:
@@ -358,8 +211,8 @@ class DegenerateLongCot(EpisodeDetector):
         entropy_up = False
         if self.entropy.ready:
             ratio = self.entropy.ratio(k) or 0.0
-            ev["entropy"] = {"recent": fin(self.entropy.recent(k)), "baseline": fin(self.entropy.base),
-                             "ratio": fin(ratio), "threshold_ratio": self.entropy_ratio}
+            ev["entropy"] = {"recent": finite(self.entropy.recent(k)), "baseline": finite(self.entropy.base),
+                             "ratio": finite(ratio), "threshold_ratio": self.entropy_ratio}
             entropy_up = ratio >= 1.0 + (self.entropy_ratio - 1.0) * relax
             if entropy_up:
                 signals.append("entropy_up")
@@ -370,7 +223,7 @@ class DegenerateLongCot(EpisodeDetector):
         if self.length.ready:
             Lr = self.length.recent(k) or 0.0
             Lb = self.length.base or 0.0
-            ev["mean_length"] = {"recent": fin(Lr), "baseline": fin(Lb), "max_completion_length": cap}
+            ev["mean_length"] = {"recent": finite(Lr), "baseline": finite(Lb), "max_completion_length": cap}
             if cap:
                 # Closed at least ``cap_fraction`` of the distance from the baseline to the cap.
                 length_up = Lr >= Lb + self.cap_fraction * max(cap - Lb, 1.0) * relax
@@ -383,7 +236,7 @@ class DegenerateLongCot(EpisodeDetector):
             cr = self.clipped.recent(k) or 0.0
             cb = self.clipped.base or 0.0
             need = cb + min(self.clip_rise, 0.5 * (1 - cb)) * relax
-            ev["clipped_ratio"] = {"recent": fin(cr), "baseline": fin(cb), "threshold": fin(min(need, 1.0))}
+            ev["clipped_ratio"] = {"recent": finite(cr), "baseline": finite(cb), "threshold": finite(min(need, 1.0))}
             clip_up = cr >= min(need, 0.999)
             if clip_up:
                 signals.append("truncation_up")
@@ -394,13 +247,13 @@ class DegenerateLongCot(EpisodeDetector):
             spread = max(self.correct.baseline.spread or 0.0, 1e-6)
             if rr is not None and rb is not None:
                 drop = rb - rr
-                ev["correctness"] = {"metric": self.correctness.key, "recent": fin(rr), "baseline": fin(rb)}
+                ev["correctness"] = {"metric": self.correctness.key, "recent": finite(rr), "baseline": finite(rb)}
                 reward_down = drop > max(self.reward_drop * abs(rb), 2 * spread) * relax
                 if reward_down:
                     signals.append("reward_down")
         if self.repetition.ready:
             pr, pb = self.repetition.recent(k), self.repetition.base
-            ev["repeated_ngram_share"] = {"recent": fin(pr), "baseline": fin(pb)}
+            ev["repeated_ngram_share"] = {"recent": finite(pr), "baseline": finite(pb)}
             if pr is not None and pb is not None and pr >= pb + 0.2:
                 signals.append("repetition")
         growth = length_up or clip_up

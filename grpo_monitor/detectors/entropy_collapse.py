@@ -13,10 +13,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, Sample, finite
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, duplicate_key, get, groups_of
-from grpo_monitor.detectors.stats import Window, fin, mann_kendall, median
+from grpo_monitor.detectors.stats import Window, mann_kendall, median
 
 
 def duplicate_share(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
@@ -63,7 +62,7 @@ class _Corroborator:
         return self.recent.recent_median(k) if len(self.recent) else None
 
 
-class EntropyCollapse(EpisodeDetector):
+class EntropyCollapse(Detector):
     """Entropy far below the run's settled baseline, corroborated by a loss of diversity.
 
     Parameters: ``drop_ratio`` (entropy at or below this share of the baseline counts as far
@@ -133,16 +132,6 @@ class EntropyCollapse(EpisodeDetector):
         self.pairs: list[tuple[float, float]] = []
         self._pair_stride = 1
         self._pair_count = 0
-        # The healthy-verdict line (1.5 x trend_ratio x baseline), for the baseline it was worked out for.
-        self._far_for: float | None = None
-        self._far_line = math.inf
-        # Whether a corroborator's push is a plain append by now (see ``_push_corroborator``).
-        self._zs_set = self._rs_set = False
-        self._correct_key: str | None = None  # the correctness source's key, once fixed
-        self._correct_set = False  # correctness baseline and first points in place
-        self._correct_windows = (self.correct.steps, self.correct.values)
-        self._windows = (self.entropy.window.steps, self.entropy.window.values, self.zero_std.recent.steps,
-                         self.zero_std.recent.values, self.reward_std.recent.steps, self.reward_std.recent.values)
 
     def _add_pair(self, h: float, r: float) -> None:
         self._pair_count += 1
@@ -153,95 +142,7 @@ class EntropyCollapse(EpisodeDetector):
             self.pairs = self.pairs[::2]
             self._pair_stride *= 2
 
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
-        ent = self.entropy
-        base = ent.baseline.value
-        if ent.base_step is None or base is None or samples:
-            return EpisodeDetector._step(self, step, metrics, samples)
-        # Once the baseline is set (nearly every step of a run), what ``_assess_settling`` does then,
-        # read straight from the metrics, and ``EpisodeDetector._step``'s booking, in one call.
-        h = metrics.get("entropy")
-        if h.__class__ is not float:
-            h = finite(h)
-        if h is None or not (0.0 <= h < math.inf):
-            h = None
-        elif h == 0.0:  # TRL's entropy of nothing: every completion truncated and masked
-            clipped = get(metrics, "completions/clipped_ratio")
-            if clipped is None or clipped >= 0.99:
-                h = None
-        h_steps, h_vals, zs_steps, zs_vals, rs_steps, rs_vals = self._windows
-        if h is not None:
-            h_steps.append(step)
-            h_vals.append(h)
-        v = metrics.get("frac_reward_zero_std")
-        if v.__class__ is float and v - v == 0.0 and self._zs_set:
-            zs_steps.append(step)
-            zs_vals.append(v)
-        else:
-            self._zs_set = self._push_corroborator(self.zero_std, step, v)
-        v = metrics.get("reward_std")
-        if v.__class__ is float and v - v == 0.0 and self._rs_set:
-            rs_steps.append(step)
-            rs_vals.append(v)
-        else:
-            self._rs_set = self._push_corroborator(self.reward_std, step, v)
-        key = self._correct_key
-        if key is not None:  # the correctness metric is fixed for good
-            r = metrics.get(key)
-            if r.__class__ is not float:
-                r = finite(r)
-            elif not r - r == 0.0:
-                r = None
-        else:
-            cs = self.correctness
-            r = cs.value(metrics)
-            if cs.fixed:
-                self._correct_key = cs.key
-        if r is not None:
-            c_steps, c_vals = self._correct_windows
-            c_steps.append(step)
-            c_vals.append(r)
-            if not self._correct_set:
-                if len(self.correct_first) < 3:
-                    self.correct_first.append(r)
-                if self.correct_base is None and len(c_vals) >= self.settle_half:
-                    self.correct_base = median(self.correct.last(2 * self.settle_half))
-                self._correct_set = self.correct_base is not None and len(self.correct_first) >= 3
-            if h is not None:
-                n = self._pair_count = self._pair_count + 1
-                if not n % self._pair_stride:  # ``_add_pair``
-                    pairs = self.pairs
-                    pairs.append((h, r))
-                    if len(pairs) >= 256:
-                        self.pairs = pairs[::2]
-                        self._pair_stride *= 2
-        if h is None:
-            return NOTHING
-        if not self.in_episode:
-            if base is not self._far_for:
-                self._far_for = base
-                self._far_line = 1.5 * self.trend_ratio * (base or 0.0)
-            if h > self._far_line:
-                a = (_far_evidence_of, self, h, base or 0.0)
-                if not self._pending and self.state == "ok":
-                    self._evidence = a
-                    return NOTHING
-                return self._conclude(step, a)
-        return self._conclude(step, self._judge(step, h))
-
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        # Any step ``_step`` does not take whole (and every step of a subclass).
-        return self._assess_settling(step, metrics, samples)
-
-    def _push_corroborator(self, c: _Corroborator, step: int, v: Any) -> bool:
-        """``c.push`` of a metric's value once the entropy baseline is set; True when from then on a
-        push only appends (its own baseline and first points are in place)."""
-        v = finite(v)
-        if v is not None:
-            c.push(step, v, self.entropy.base_step)
-        return c.base is not None and len(c.first) >= 3
-
-    def _assess_settling(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         freeze_from = self.entropy.base_step
         h = self.entropy.push_metrics(step, metrics)
         early = False
@@ -275,8 +176,7 @@ class EntropyCollapse(EpisodeDetector):
         r = self.correctness.value(metrics)
         if r is not None:
             correct = self.correct
-            correct.steps.append(step)
-            correct.values.append(r)
+            correct.push(step, r)
             if len(self.correct_first) < 3:
                 self.correct_first.append(r)
             if self.correct_base is None and frozen is not None and len(correct) >= self.settle_half:
@@ -287,32 +187,27 @@ class EntropyCollapse(EpisodeDetector):
             return None
         base = self.entropy.baseline.value
         if base is None:
-            return Assessment(warming_up=True, evidence={"entropy": fin(h), "points": self.entropy.baseline.n})
-        if not self.in_episode and h > 1.5 * self.trend_ratio * (base or 0.0):
-            # Far from any threshold (a median of recent points cannot be below it while this point
-            # is this high on a healthy run): a cheap healthy verdict.
-            return (self._far_evidence, h, base or 0.0)
+            return Assessment(warming_up=True, evidence={"entropy": finite(h), "points": self.entropy.baseline.n})
         return self._judge(step, h)
 
-    def _far_evidence(self, h: float, base: float) -> dict[str, Any]:
-        return {"entropy": h, "baseline": base, "ratio_to_baseline": h / base if base else None,
-                "threshold_ratio": self.drop_ratio}
-
-    def _judge(self, step: int, h: float) -> Assessment | tuple[Any, ...]:
+    def _judge(self, step: int, h: float) -> Assessment:
         base = self.entropy.base or 0.0
         if not self.in_episode and h > 1.5 * self.trend_ratio * base:
-            return (self._far_evidence, h, base)
+            # Far from any threshold (a median of recent points cannot be below it while this point is
+            # this high on a healthy run).
+            return Assessment(0, {"entropy": h, "baseline": base, "ratio_to_baseline": h / base if base else None,
+                                  "threshold_ratio": self.drop_ratio})
         k = self.clock.points()
         ratio = self.entropy.ratio(k) or 1.0
         last = h / base if base > 0 else 1.0
         threshold = self.drop_ratio * (1.4 if self.in_episode else 1.0)
         strong_drop = ratio <= threshold and last <= threshold * 1.5
         ev: dict[str, Any] = {
-            "entropy": fin(h),
-            "entropy_recent_median": fin(self.entropy.recent(k)),
-            "baseline": fin(base),
+            "entropy": finite(h),
+            "entropy_recent_median": finite(self.entropy.recent(k)),
+            "baseline": finite(base),
             "baseline_step": self.entropy.base_step,
-            "ratio_to_baseline": fin(ratio),
+            "ratio_to_baseline": finite(ratio),
             "threshold_ratio": self.drop_ratio,
             "persist_points": k,
         }
@@ -350,25 +245,25 @@ class EntropyCollapse(EpisodeDetector):
         zb, zr = self.zero_std.base, self.zero_std.level(k)
         if zb is not None and zr is not None:
             need = zb + max(0.2, 0.5 * (1.0 - zb))
-            ev["frac_reward_zero_std"] = {"recent": fin(zr), "baseline": fin(zb), "threshold": fin(need)}
+            ev["frac_reward_zero_std"] = {"recent": finite(zr), "baseline": finite(zb), "threshold": finite(need)}
             if zr >= need:
                 out.append("frac_reward_zero_std_up")
         sb, sr = self.reward_std.base, self.reward_std.level(k)
         if sb is not None and sr is not None and sb > 0:
-            ev["reward_std"] = {"recent": fin(sr), "baseline": fin(sb), "threshold": fin(0.5 * sb)}
+            ev["reward_std"] = {"recent": finite(sr), "baseline": finite(sb), "threshold": finite(0.5 * sb)}
             if sr <= 0.5 * sb:
                 out.append("reward_std_down")
         db, dr = self.dup.base, self.dup.level(k)
         if db is not None and dr is not None:
-            ev["identical_completions_share"] = {"recent": fin(dr), "baseline": fin(db)}
+            ev["identical_completions_share"] = {"recent": finite(dr), "baseline": finite(db)}
             if dr >= db + 0.3:
                 out.append("identical_completions")
         if self.correct_base is not None and len(self.correct) >= 6:
             vals = self.correct.last(min(len(self.correct), 24))
             mk = mann_kendall(vals)
             recent = median(vals[-k:])
-            ev["correctness"] = {"metric": self.correctness.key, "recent": fin(recent), "baseline": fin(self.correct_base),
-                                 "p_up": fin(mk.p_up)}
+            ev["correctness"] = {"metric": self.correctness.key, "recent": finite(recent), "baseline": finite(self.correct_base),
+                                 "p_up": finite(mk.p_up)}
             if mk.p_up > 0.1:
                 out.append("correctness_stalled")
         return out
@@ -404,7 +299,7 @@ class EntropyCollapse(EpisodeDetector):
             ceiling = float(b) - a_eff
             if not (math.isfinite(a_eff) and math.isfinite(ceiling)) or a_eff <= 0:
                 return None
-            return {"a": fin(a_eff), "b": fin(float(b)), "predicted_ceiling": fin(ceiling),
+            return {"a": finite(a_eff), "b": finite(float(b)), "predicted_ceiling": finite(ceiling),
                     "pairs": len(self.pairs), "model": "R = -a*exp(H) + b"}
         except (RuntimeError, ValueError, TypeError, ArithmeticError, np.linalg.LinAlgError):  # the fit is optional evidence
             return None
@@ -431,7 +326,3 @@ _PHRASES = {
     "identical_completions": "near-identical completions within groups",
     "correctness_stalled": "stalled correctness",
 }
-
-
-def _far_evidence_of(det: EntropyCollapse, h: float, base: float) -> dict[str, Any]:
-    return det._far_evidence(h, base)

@@ -19,21 +19,13 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, Sample
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, get
-from grpo_monitor.detectors.stats import fin, mad_sigma, mann_kendall, median
+from grpo_monitor.detectors.stats import mad_sigma, mann_kendall, median
 from grpo_monitor.detectors.sudden_collapse import lowered_learning_rate
 
 
-_INF = math.inf
-
-
-def _healthy_evidence(h: float, base: float, line: float) -> dict[str, Any]:
-    return {"entropy": h, "baseline": base, "rise_line": line}
-
-
-class EntropyRise(EpisodeDetector):
+class EntropyRise(Detector):
     """Entropy's recent median well above its settled baseline, held over a stretch of training.
 
     Parameters: ``rise_ratio`` (recent median over the baseline that counts as risen),
@@ -84,9 +76,7 @@ class EntropyRise(EpisodeDetector):
     def _reset_state(self) -> None:
         self.entropy = EntropyTrack(window=48, half=self.settle_half, tol=self.settle_tol,
                                     max_points=self.max_settle_points, min_span=self.settle_span)
-        self._window = self.entropy.window
         # Truncation and length, to step aside when completions run to the cap (a degeneration).
-        # Values only (their steps are never read): a push is one append.
         self.clipped: deque[float] = deque(maxlen=32)
         self.clipped_base: float | None = None
         self.length: deque[float] = deque(maxlen=32)
@@ -94,76 +84,13 @@ class EntropyRise(EpisodeDetector):
         self.correct: deque[float] = deque(maxlen=48)
         self.correct_base: float | None = None
         self.correctness = CorrectnessSource(self.context)
-        self._correct_key: str | None = None
         self._line: float | None = None  # the entropy level below which a point is plainly healthy
         self._base: float | None = None
         self._spread = 0.0
         self._since_rebase = 0
         self.confirm_steps = self.hold_steps
 
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
-        line = self._line
-        h = metrics.get("entropy")
-        if line is None or h.__class__ is not float or not 0.0 < h < _INF:
-            return EpisodeDetector._step(self, step, metrics, samples)
-        # Once the line is fixed, a plain float entropy takes this path, whole in one call: the same
-        # pushes and checks as ``_assess_full``, inlined, and ``EpisodeDetector._step``'s booking,
-        # since it runs at every step of the run.
-        w = self._window
-        w.steps.append(step)
-        w.values.append(h)
-        mget = metrics.get
-        c = mget("completions/clipped_ratio")
-        if c is not None:
-            if c.__class__ is not float:
-                c = get(metrics, "completions/clipped_ratio")
-            if c is not None and c - c == 0.0:
-                self.clipped.append(c)
-        L = mget("completions/mean_length")
-        if L is not None:
-            if L.__class__ is not float:
-                L = get(metrics, "completions/mean_length")
-            if L is not None and L - L == 0.0:
-                self.length.append(L)
-        key = self._correct_key
-        if key is not None:
-            r = mget(key)
-            if r.__class__ is not float:
-                r = get(metrics, key)
-            elif r - r != 0.0:
-                r = None
-        else:
-            cs = self.correctness
-            r = cs.value(metrics)
-            if cs.fixed:  # its key no longer changes
-                self._correct_key = cs.key
-        if r is not None:
-            self.correct.append(r)
-        quiet = not self.in_episode and not self._pending
-        self._since_rebase = since = self._since_rebase + 1
-        if quiet:
-            # ``since >= clock.points_for(16)``, i.e. since * gap >= 16, without working out the gap
-            # on a fine log: a mean spacing under 1.5 steps rounds to a gap of 1.
-            if since >= 16:
-                line = self._rebase()
-            else:
-                cs = self.clock._steps
-                if cs[-1] - cs[0] >= 1.5 * (len(cs) - 1) and since * self.clock.gap >= 16:
-                    line = self._rebase()
-        base = self._base or 0.0
-        if h < line and quiet:
-            a = (_healthy_evidence, h, base, line)
-            if self.state == "ok":
-                self._evidence = a
-                return NOTHING
-            return self._conclude(step, a)
-        return self._conclude(step, self._judge(step, h, base, line))
-
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | tuple | None:
-        # Any step ``_step`` does not take whole (and every step of a subclass).
-        return self._assess_full(step, metrics)
-
-    def _assess_full(self, step: int, metrics: Metrics) -> Assessment | tuple | None:
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         tr = self.entropy
         h = tr.push_metrics(step, metrics)
         if h is None:
@@ -187,8 +114,8 @@ class EntropyRise(EpisodeDetector):
             line = self._rebase()
         base = self._base or 0.0
         if h < line and not self.in_episode and not self._pending:
-            # The common, healthy path: this point is below the rise line, so no median can confirm.
-            return (_healthy_evidence, h, base, line)
+            # This point is below the rise line, so no median can confirm a rise.
+            return Assessment(0, {"entropy": h, "baseline": base, "rise_line": line})
         return self._judge(step, h, base, line)
 
     def _freeze(self, base: float) -> float:
@@ -226,13 +153,13 @@ class EntropyRise(EpisodeDetector):
         # Held over ``hold_steps`` of training: fewer, coarser points on a sparse log.
         self.confirm_points = self.clock.points_for(self.hold_steps, minimum=2)
         ev: dict[str, Any] = {
-            "entropy": fin(h),
-            "entropy_recent_median": fin(recent),
-            "baseline": fin(base),
+            "entropy": finite(h),
+            "entropy_recent_median": finite(recent),
+            "baseline": finite(base),
             "baseline_step": self.entropy.base_step,
-            "baseline_spread": fin(self._spread),
-            "ratio_to_baseline": fin(ratio),
-            "rise_line": fin(line),
+            "baseline_spread": finite(self._spread),
+            "ratio_to_baseline": finite(ratio),
+            "rise_line": finite(line),
             "rise_ratio": self.rise_ratio,
             "critical_ratio": self.critical_ratio,
             "recent_points": k,
@@ -260,14 +187,14 @@ class EntropyRise(EpisodeDetector):
         c = median(list(self.clipped)[-3:]) if len(self.clipped) else None
         if c is not None:
             cb = self.clipped_base or 0.0
-            ev["clipped_ratio"] = {"recent": fin(c), "baseline": fin(cb)}
+            ev["clipped_ratio"] = {"recent": finite(c), "baseline": finite(cb)}
             if c >= cb + max(0.15, 0.5 * (1.0 - cb)) or c >= 0.5:
                 return True
         cap = (self.context.config or {}).get("max_completion_length")
         L = median(list(self.length)[-3:]) if len(self.length) else None
         if L is not None and self.length_base and L >= 1.5 * self.length_base:
             # Entropy and length rising together is the degeneration's signature, on its way to the cap.
-            ev["mean_length"] = {"recent": fin(L), "baseline": fin(self.length_base)}
+            ev["mean_length"] = {"recent": finite(L), "baseline": finite(self.length_base)}
             return True
         if L is not None and isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0:
             return L >= 0.9 * cap
@@ -277,9 +204,9 @@ class EntropyRise(EpisodeDetector):
         """What the rise comes with: correctness and length against their levels at the baseline."""
         if self.correct_base is not None and len(self.correct) >= 3:
             now = median(list(self.correct)[-6:])
-            ev["correctness"] = {"metric": self.correctness.key, "recent": fin(now), "baseline": fin(self.correct_base)}
+            ev["correctness"] = {"metric": self.correctness.key, "recent": finite(now), "baseline": finite(self.correct_base)}
         if self.length_base is not None and len(self.length) >= 3:
-            ev["mean_length"] = {"recent": fin(median(list(self.length)[-6:])), "baseline": fin(self.length_base)}
+            ev["mean_length"] = {"recent": finite(median(list(self.length)[-6:])), "baseline": finite(self.length_base)}
 
     def _remedy(self, ev: dict[str, Any]) -> None:
         cfg = self.context.config or {}
@@ -293,7 +220,7 @@ class EntropyRise(EpisodeDetector):
         lr = lowered_learning_rate(cfg, self.lr_factor)
         if lr is not None:
             ev["remedy"] = "lower_learning_rate"
-            ev["learning_rate"] = {"configured": fin(cfg.get("learning_rate")), "recommended": lr}
+            ev["learning_rate"] = {"configured": finite(cfg.get("learning_rate")), "recommended": lr}
         temp = cfg.get("temperature")
         hot = isinstance(temp, (int, float)) and not isinstance(temp, bool) and temp > 1.0
         ev["advice"] = ("Lower the learning rate" + (f" and the sampling temperature ({temp})" if hot else "")

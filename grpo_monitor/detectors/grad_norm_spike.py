@@ -19,25 +19,13 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import get
-from grpo_monitor.detectors.stats import MAD_SCALE, fin, mad_of_sorted, median
+from grpo_monitor.detectors.stats import MAD_SCALE, mad_sigma, median
 from grpo_monitor.detectors.sudden_collapse import lowered_learning_rate
 
-_log = math.log
 
-
-def _healthy_evidence(g: float, line: float) -> dict[str, Any]:
-    return {"grad_norm": g, "spike_line": math.exp(line)}
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-class GradNormSpike(EpisodeDetector):
+class GradNormSpike(Detector):
     """Repeated grad_norm spikes far above the trailing median; critical when the reward falls with them.
 
     Parameters: ``ratio`` (a spike is at least this many times the trailing median), ``z`` (and at
@@ -79,7 +67,6 @@ class GradNormSpike(EpisodeDetector):
         super().__init__()
 
     def _reset_state(self) -> None:
-        # Values only (their steps are never read): a push is one append.
         self.logs: deque[float] = deque(maxlen=self.window)  # log grad_norm of the points that were not spikes
         self.n = 0
         self._med: float | None = None
@@ -96,84 +83,45 @@ class GradNormSpike(EpisodeDetector):
 
     def _refresh(self) -> None:
         self._since = 0
-        vals = sorted(self.logs)
-        n = len(vals)
-        med = vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
-        self._med = med
-        self._sigma = MAD_SCALE * mad_of_sorted(vals, med)
+        self._med = med = median(self.logs)
+        self._sigma = mad_sigma(self.logs, med)
         self._line = med + max(math.log(self.ratio), self.z * self._sigma)
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | tuple | None:
-        return GradNormSpike._step(self, step, metrics, samples, False)  # type: ignore[return-value]
-
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None, book: bool = True) -> Any:
-        # One body for the assessment (``book`` False: ``_assess``, which subclasses build on) and the
-        # whole step (True: booked as ``EpisodeDetector._step`` would, in one call, for the engine,
-        # ``update`` and replays): this runs at every step of the run.
-        mget = metrics.get
-        g = mget("grad_norm")
-        if g.__class__ is not float:
-            g = get(metrics, "grad_norm")
-        elif g - g != 0.0:  # NaN or inf
-            g = None
-        r = mget("reward")
-        if r.__class__ is float:
-            if r - r == 0.0:
-                self.rewards.append(r)
-        elif r is not None:
-            r = get(metrics, "reward")
-            if r is not None:
-                self.rewards.append(r)
-        c = mget("clip_ratio/region_mean")
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        g = get(metrics, "grad_norm")
+        r = get(metrics, "reward")
+        if r is not None:
+            self.rewards.append(r)
+        c = get(metrics, "clip_ratio/region_mean")
         if c is not None:
-            if c.__class__ is not float:
-                c = get(metrics, "clip_ratio/region_mean")
-            if c is not None and c - c == 0.0:
-                self.clip.append(c)
-                c_now: float | None = c
-            else:
-                c_now = None
-        else:
-            c_now = None
+            self.clip.append(c)
         if g is None or g <= 0.0:
-            return NOTHING if book else None  # a gap; a zero gradient is no_learning_signal's finding
-        lg = _log(g)
-        self.n = n = self.n + 1
-        # A coarse log's points each stand for several steps: fewer of them make the trailing median
-        # (never more than ``min_points``, so past those the spacing need not be asked).
-        if n <= self.min_points:
-            warm = self.min_points if self.clock.gap <= 2 else max(4, self.min_points // 2)
-            if n <= warm:
-                self.logs.append(lg)
-                if n == warm:
-                    self._refresh()
-                a = Assessment(warming_up=True, evidence={"grad_norm": g, "points": n})
-                return self._conclude(step, a) if book else a
-        line = self._line
-        if lg <= line:
+            return None  # a gap; a zero gradient is no_learning_signal's finding
+        lg = math.log(g)
+        self.n += 1
+        # A coarse log's points each stand for several steps: fewer of them make the trailing median.
+        warm = self.min_points if self.clock.gap <= 2 else max(4, self.min_points // 2)
+        if self.n <= warm:
+            self.logs.append(lg)
+            if self.n == warm:
+                self._refresh()
+            return Assessment(warming_up=True, evidence={"grad_norm": g, "points": self.n})
+        if lg <= self._line:
             self._last_spike = False
             self.logs.append(lg)
-            self._since = since = self._since + 1
-            if since >= 8:
+            self._since += 1
+            if self._since >= 8:
                 self._refresh()
-                line = self._line
             if not self.in_episode and not self._pending:
-                a = (_healthy_evidence, g, line)
-                if not book:
-                    return a
-                if self.state == "ok":
-                    self._evidence = a
-                    return NOTHING
-                return self._conclude(step, a)
-            a = self._judge(step, g, False, metrics)
-            return self._conclude(step, a) if book else a
+                return Assessment(0, {"grad_norm": g, "spike_line": math.exp(self._line)})
+            return self._judge(step, g)
         # A spike: kept out of the trailing statistics, so a burst does not raise its own line.
         if not self._recent_spikes(step):
             vals = list(self.rewards)[-16:]
             self.reward_before = median(vals) if len(self.rewards) >= 3 else None
             self.reward_sigma = (MAD_SCALE * median([abs(v - self.reward_before) for v in vals])
                                  if self.reward_before is not None else 0.0)
-        clip = self._clip_spiked(c_now)
+        clip = self._clip_spiked(c)
         ratio = math.exp(lg - (self._med or 0.0))
         if self._last_spike and self.spikes and step - self._last_step <= 2:
             # Spikes on neighbouring steps are one excursion (or a level shift), not repeated spikes.
@@ -183,8 +131,7 @@ class GradNormSpike(EpisodeDetector):
             self.spikes.append((step, ratio, clip))
         self._last_spike = True
         self._last_step = step
-        a = self._judge(step, g, True, metrics)
-        return self._conclude(step, a) if book else a
+        return self._judge(step, g)
 
     def _clip_spiked(self, c: float | None) -> bool:
         """The clip ratio well above its own recent level at the spike (clipping bursting with the gradient)."""
@@ -197,7 +144,7 @@ class GradNormSpike(EpisodeDetector):
         span = max(self.span_steps, 20 * self.clock.gap)
         return [s for s in self.spikes if s[0] > step - span]
 
-    def _judge(self, step: int, g: float, spike: bool, metrics: Metrics) -> Assessment:
+    def _judge(self, step: int, g: float) -> Assessment:
         recent = self._recent_spikes(step)
         gap = self.clock.gap
         need = self.min_spikes if gap <= 2 else 2
@@ -206,16 +153,16 @@ class GradNormSpike(EpisodeDetector):
             need = max(2, need - 1)  # clipping bursting with the gradient corroborates the spikes
         med = math.exp(self._med or 0.0)
         ev: dict[str, Any] = {
-            "grad_norm": fin(g),
-            "trailing_median": fin(med),
-            "log_spread": fin(self._sigma),
-            "spike_line": fin(math.exp(self._line)),
+            "grad_norm": finite(g),
+            "trailing_median": finite(med),
+            "log_spread": finite(self._sigma),
+            "spike_line": finite(math.exp(self._line)),
             "ratio": self.ratio,
             "spikes": len(recent),
             "spikes_needed": need,
             "span_steps": max(self.span_steps, 20 * gap),
             "spike_steps": [s[0] for s in recent],
-            "spike_ratios": [fin(s[1]) for s in recent],
+            "spike_ratios": [finite(s[1]) for s in recent],
             "with_clip_ratio_spikes": clipped_with,
             "grad_norm_is_pre_clip": True,
         }
@@ -235,12 +182,12 @@ class GradNormSpike(EpisodeDetector):
         k = self.clock.points_for(10, minimum=3 if self.clock.gap <= 2 else 2)
         now = median(list(self.rewards)[-k:])
         drop = max(3.0 * self.reward_sigma, 0.1 * abs(before), 1e-9)
-        ev["reward"] = {"before_spikes": fin(before), "recent": fin(now), "drop_needed": fin(drop)}
+        ev["reward"] = {"before_spikes": finite(before), "recent": finite(now), "drop_needed": finite(drop)}
         return now < before - drop
 
     def _remedy(self, ev: dict[str, Any], med: float) -> None:
         cfg = self.context.config or {}
-        mgn = _number(cfg.get("max_grad_norm"))
+        mgn = finite(cfg.get("max_grad_norm"))
         if mgn is not None:
             ev["max_grad_norm"] = mgn
         target = float(f"{2.0 * med:.2g}")
@@ -251,7 +198,7 @@ class GradNormSpike(EpisodeDetector):
             lr = lowered_learning_rate(cfg, self.lr_factor)
             if lr is not None:
                 ev["remedy"] = "lower_learning_rate"
-                ev["learning_rate"] = {"configured": fin(cfg.get("learning_rate")), "recommended": lr}
+                ev["learning_rate"] = {"configured": finite(cfg.get("learning_rate")), "recommended": lr}
         ev["advice"] = ("grad_norm is logged before clipping, so values above max_grad_norm alone are normal; "
                         "repeated spikes of 10x the median are not. Clip near twice the healthy norm or lower the "
                         "learning rate; with DeepSpeed, check that gradient_clipping is set (otherwise max_grad_norm "

@@ -20,10 +20,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample, finite
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import fair_sample
-from grpo_monitor.detectors.stats import Window, fin, mad_sigma, median
+from grpo_monitor.detectors.stats import Window, mad_sigma, median
 
 
 def _block_scripts() -> dict[int, str]:
@@ -116,7 +115,7 @@ def sample_other_script(sample: Mapping[str, Any]) -> float | None:
     return None
 
 
-class LanguageMixing(EpisodeDetector):
+class LanguageMixing(Detector):
     """A rising share of completions written partly in another script than their prompt.
 
     Parameters: ``mixed_at`` (a completion mixes when at least this share of its letters is in
@@ -138,7 +137,6 @@ class LanguageMixing(EpisodeDetector):
     id = "language_mixing"
     variant = None
     requires = (("samples",),)
-    inert_without = ("samples",)  # ``_assess`` answers None without a batch
 
     def __init__(self, mixed_at: float = 0.2, rise: float = 0.15, critical_share: float = 0.4, baseline_points: int = 5,
                  min_samples: int = 8, max_samples: int = 256) -> None:
@@ -181,7 +179,7 @@ class LanguageMixing(EpisodeDetector):
             mixed += v >= limit
         return (mixed / n, n) if n >= self.min_samples else None
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if not samples:
             return None
         got = self._share(samples)
@@ -195,7 +193,7 @@ class LanguageMixing(EpisodeDetector):
                 self.spread = mad_sigma(self.first, self.base)
                 self.base_step = step
                 self.first = []
-            return Assessment(warming_up=True, evidence={"mixed_share": fin(share), "completions": n})
+            return Assessment(warming_up=True, evidence={"mixed_share": finite(share), "completions": n})
         self.shares.push(step, share)
         k = self.clock.points(3, 2)
         recent = self.shares.recent_median(k) or 0.0
@@ -206,11 +204,11 @@ class LanguageMixing(EpisodeDetector):
         else:
             self.above_since = None
         ev: dict[str, Any] = {
-            "mixed_share": fin(share),
-            "recent_mixed_share": fin(recent),
-            "early_mixed_share": fin(self.base),
+            "mixed_share": finite(share),
+            "recent_mixed_share": finite(recent),
+            "early_mixed_share": finite(self.base),
             "early_until_step": self.base_step,
-            "threshold": fin(line),
+            "threshold": finite(line),
             "mixed_at": self.mixed_at,
             "completions": n,
             "persist_points": k,

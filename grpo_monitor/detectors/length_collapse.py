@@ -23,20 +23,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, Sample, slow_finite
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import CorrectnessSource, get, is_length_name, reward_names_in
-from grpo_monitor.detectors.stats import Window, fin, mad_sigma, median
+from grpo_monitor.detectors.stats import Window, mad_sigma, median
 
 _DR_GRPO = {"loss_type": "dr_grpo", "scale_rewards": "none"}
 
 
-def _far_evidence(length: float, early: float) -> dict[str, Any]:
-    """A healthy step's evidence, built when someone reads it."""
-    return {"mean_length": length, "early_length": early}
-
-
-class LengthCollapse(EpisodeDetector):
+class LengthCollapse(Detector):
     """Mean completion length at a fraction of its early level, correctness flat or falling.
 
     Parameters: ``ratio`` (recent length over the early level that counts as collapsed),
@@ -98,75 +92,26 @@ class LengthCollapse(EpisodeDetector):
         # Already on Dr. GRPO's loss and unscaled advantages: the variant would change nothing.
         self._cure = None if all(cfg.get(k) == v for k, v in _DR_GRPO.items()) else type(self).variant
         self.variant = self._cure
-        self._length_steps, self._length_values = self.length.steps, self.length.values
-        self._correct_steps, self._correct_values = self.correct.steps, self.correct.values
-        self._clipped_steps, self._clipped_values = self.clipped.steps, self.clipped.values
 
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
-        # The common step, healthy and outside any episode, whole in one call: what
-        # ``EpisodeDetector._step`` and ``_assess`` do for it, written out. Any other step (an
-        # episode or a confirmation under way, a length near the line, a value that is not a finite
-        # plain float, the warm-up) goes the general way.
-        L = metrics.get("completions/mean_length")
-        if (L.__class__ is float and L > self._line and L - L == 0.0 and not self.in_episode and not self._pending
-                and self.base is not None and not self.shaping and self.correctness.fixed):
-            c = metrics.get("completions/clipped_ratio")
-            if c is None or (c.__class__ is float and c - c == 0.0):
-                r = metrics.get(self.correctness.key)
-                if r.__class__ is not float or r - r != 0.0:
-                    r = slow_finite(r)
-                if r is not None:
-                    self._correct_steps.append(step)
-                    self._correct_values.append(r)
-                self._length_steps.append(step)
-                self._length_values.append(L)
-                if c is not None:
-                    self._clipped_steps.append(step)
-                    self._clipped_values.append(c)
-                verdict = (_far_evidence, L, self.base)
-                if self.state != "ok":
-                    return self._conclude(step, verdict)
-                self._evidence = verdict
-                return NOTHING
-        return EpisodeDetector._step(self, step, metrics, samples)
-
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        # Runs every step: each metric is read once (a finite plain float taken as it is, anything
-        # else the careful way) and the window pushes are written out in place.
-        mget = metrics.get
-        L = mget("completions/mean_length")
-        if L.__class__ is not float or L - L != 0.0:
-            L = slow_finite(L)
-        source = self.correctness
-        if source.fixed:
-            r = mget(source.key)
-            if r.__class__ is not float or r - r != 0.0:
-                r = slow_finite(r)
-        else:
-            r = source.value(metrics)
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        L = get(metrics, "completions/mean_length")
+        r = self.correctness.value(metrics)
         if r is not None:
-            self._correct_steps.append(step)
-            self._correct_values.append(r)
+            self.correct.push(step, r)
         if L is None:
             return None
-        self._length_steps.append(step)
-        self._length_values.append(L)
-        c = mget("completions/clipped_ratio")
+        self.length.push(step, L)
+        c = get(metrics, "completions/clipped_ratio")
         if c is not None:
-            if c.__class__ is not float or c - c != 0.0:
-                c = slow_finite(c)
-            if c is not None:
-                self._clipped_steps.append(step)
-                self._clipped_values.append(c)
+            self.clipped.push(step, c)
         if self.base is None:
             return self._warm(step, L, r, metrics)
-        if self.shaping:
-            for name, w in self.shaping_now.items():
-                v = get(metrics, f"rewards/{name}/mean")
-                if v is not None:
-                    w.push(step, v)
+        for name, w in self.shaping_now.items():
+            v = get(metrics, f"rewards/{name}/mean")
+            if v is not None:
+                w.push(step, v)
         if L > self._line and not self.in_episode and not self._pending:
-            return (_far_evidence, L, self.base)
+            return Assessment(0, {"mean_length": L, "early_length": self.base})
         return self._judge(step, L)
 
     def _warm(self, step: int, L: float, r: float | None, metrics: Metrics) -> Assessment:
@@ -201,11 +146,11 @@ class LengthCollapse(EpisodeDetector):
         recent = self.length.recent_median(k) or L
         ratio = recent / base if base > 0 else 1.0
         ev: dict[str, Any] = {
-            "mean_length": fin(L),
-            "recent_length": fin(recent),
-            "early_length": fin(base),
+            "mean_length": finite(L),
+            "recent_length": finite(recent),
+            "early_length": finite(base),
             "early_step": self.base_step,
-            "ratio_to_early": fin(ratio),
+            "ratio_to_early": finite(ratio),
             "ratio": self.ratio,
             "recent_points": k,
         }
@@ -221,7 +166,7 @@ class LengthCollapse(EpisodeDetector):
             ev["deferred_to"] = "reward_component_divergence"
             return Assessment(level=0, evidence=ev)
         clipped = self.clipped.recent_median(k) if len(self.clipped) else None
-        ev["clipped_ratio"] = fin(clipped)
+        ev["clipped_ratio"] = finite(clipped)
         truncation = clipped is not None and clipped >= 0.2
         level = 1
         if tiny or (ratio <= self.critical_ratio and cor == "falling"):
@@ -258,8 +203,8 @@ class LengthCollapse(EpisodeDetector):
         df0 = max(self._n_base_cor - 1, 1)
         sigma = ((df0 * self.cor_sigma**2 + df * noise**2) / (df0 + df)) ** 0.5
         tol_up = max(2.5 * sigma * scale, floor)
-        ev["correctness"] = {"metric": self.correctness.key, "recent": fin(now), "early": fin(base), "tolerance": fin(tol),
-                             "rising_tolerance": fin(tol_up), "sigma": fin(sigma)}
+        ev["correctness"] = {"metric": self.correctness.key, "recent": finite(now), "early": finite(base), "tolerance": finite(tol),
+                             "rising_tolerance": finite(tol_up), "sigma": finite(sigma)}
         if now > base + tol_up:
             return "rising"
         return "falling" if now < base - tol else "flat"

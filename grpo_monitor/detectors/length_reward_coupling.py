@@ -13,20 +13,19 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, Sample, slow_finite
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
     EntropyTrack,
     LevelTrack,
     fair_sample,
+    get,
     groups_of,
     sample_length,
     sample_reward,
 )
 from grpo_monitor.detectors.stats import (
     Window,
-    fin,
     mann_kendall,
     median,
     ols_slope_se,
@@ -51,7 +50,7 @@ def within_group_length_reward_corr(samples: Sequence[Sample], max_samples: int 
     return sum(cors) / len(cors) if cors else None
 
 
-class LengthRewardCoupling(EpisodeDetector):
+class LengthRewardCoupling(Detector):
     """Mean completion length trending up significantly while correctness stalls.
 
     Parameters: ``alpha`` (one-sided significance of the length trend), ``stall_elasticity``
@@ -111,14 +110,6 @@ class LengthRewardCoupling(EpisodeDetector):
         self.len_correct = Window(self.max_points)
         self.len_incorrect = Window(self.max_points)
         self.confirm_points, self.confirm_steps = 2, 10
-        self._clipped_steps, self._clipped_values = self.clipped.steps, self.clipped.values
-        self._correct_steps, self._correct_values = self.correct.steps, self.correct.values
-        self._reward_steps, self._reward_values = self.reward.steps, self.reward.values
-        self._length_steps, self._length_values = self.length.window.steps, self.length.window.values
-        # A point below this length cannot lift a recent median to ``level_ratio`` (None until the
-        # baseline is set and correctness has ``min_points`` points).
-        self._far_line: float | None = None
-        self._far_base = 0.0
 
     def _push_samples(self, step: int, samples: Sequence[Sample]) -> None:
         c = within_group_length_reward_corr(samples)
@@ -138,157 +129,35 @@ class LengthRewardCoupling(EpisodeDetector):
         if bad:
             self.len_incorrect.push(step, sum(bad) / len(bad))
 
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
-        # The common step, a length far below the level or a recent median still under it, outside
-        # any episode, whole in one call: what ``EpisodeDetector._step`` and ``_assess`` do for it,
-        # written out. Any other step goes the general way.
-        L = metrics.get("completions/mean_length")
-        line = self._far_line
-        if (L.__class__ is float and line is not None and 0.0 < L and not self.in_episode
-                and not samples and self.correctness.fixed):
-            if L < line:
-                verdict = (self._far_evidence, L, self._far_base)
-            else:
-                # Above the far line: ``_judge``'s first test, on the recent median this point makes,
-                # worked out before anything is pushed so that any other verdict can go the general way.
-                base = self.length.baseline.value
-                if L - L != 0.0 or base is None or len(self._correct_values) < self.min_points:
-                    return EpisodeDetector._step(self, step, metrics, samples)
-                clock = self.clock
-                gap = clock._gap  # worked out once per point, by whichever detector asks first
-                if gap is None:
-                    gap = clock.gap
-                k = 3 if gap <= 2 else 2
-                vals = self._length_values
-                n = len(vals)
-                # ``Window.recent_median(k)`` with this point: the median of three, or the mean of two.
-                if k == 3 and n >= 2:
-                    a, b = vals[-2], vals[-1]
-                    if b < a:
-                        a, b = b, a
-                    recent = (a if L < a else L if L < b else b) or 0.0
-                elif k == 2 and n >= 1:
-                    b = vals[-1]
-                    recent = (0.5 * (b + L) if b <= L else 0.5 * (L + b)) or 0.0
-                else:
-                    s = sorted([*vals, L])
-                    m = len(s)
-                    mid = m // 2
-                    recent = (s[mid] if m % 2 else 0.5 * (s[mid - 1] + s[mid])) or 0.0
-                base = base or 0.0
-                ratio = recent / base if base > 0 else 0.0
-                if not ratio < self.level_ratio * 1.0:
-                    return EpisodeDetector._step(self, step, metrics, samples)
-                self.confirm_steps = 20 if gap <= 2 else 10
-                verdict = (self._level_evidence, recent, base, ratio)
-            mget = metrics.get
-            entropy = self.entropy
-            h = mget("entropy")
-            if h.__class__ is float and 0.0 < h < _INF and entropy.baseline.value is not None:
-                w = entropy.window
-                w.steps.append(step)
-                w.values.append(h)
-            elif entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
-                entropy.force_if_moved(step, 2, high=2.5)
-            c = mget("completions/clipped_ratio")
-            if c.__class__ is not float or c - c != 0.0:
-                c = slow_finite(c)
-            if c is not None:
-                self._clipped_steps.append(step)
-                self._clipped_values.append(c)
-            r = mget(self.correctness.key)
-            if r.__class__ is not float or r - r != 0.0:
-                r = slow_finite(r)
-            if r is not None:
-                self._correct_steps.append(step)
-                self._correct_values.append(r)
-            tot = mget("reward")
-            if tot.__class__ is not float or tot - tot != 0.0:
-                tot = slow_finite(tot)
-            if tot is not None:
-                self._reward_steps.append(step)
-                self._reward_values.append(tot)
-            self._length_steps.append(step)
-            self._length_values.append(L)
-            if self._pending or self.state != "ok":
-                return self._conclude(step, verdict)
-            self._evidence = verdict
-            return NOTHING
-        return EpisodeDetector._step(self, step, metrics, samples)
-
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        # Runs every step: each metric is read once (a finite plain float taken as it is, anything
-        # else the careful way) and the window pushes are written out in place.
-        mget = metrics.get
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         entropy = self.entropy
-        h = mget("entropy")
-        if h.__class__ is float and 0.0 < h < _INF and entropy.baseline.value is not None:
-            w = entropy.window
-            w.steps.append(step)
-            w.values.append(h)
-        elif entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
+        if entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
             entropy.force_if_moved(step, 2, high=2.5)
-        c = mget("completions/clipped_ratio")
-        if c.__class__ is not float or c - c != 0.0:
-            c = slow_finite(c)
+        c = get(metrics, "completions/clipped_ratio")
         if c is not None:
-            self._clipped_steps.append(step)
-            self._clipped_values.append(c)
-        source = self.correctness
-        if source.fixed:
-            r = mget(source.key)
-            if r.__class__ is not float or r - r != 0.0:
-                r = slow_finite(r)
-        else:
-            r = source.value(metrics)
+            self.clipped.push(step, c)
+        r = self.correctness.value(metrics)
         if r is not None:
-            self._correct_steps.append(step)
-            self._correct_values.append(r)
-        tot = mget("reward")
-        if tot.__class__ is not float or tot - tot != 0.0:
-            tot = slow_finite(tot)
+            self.correct.push(step, r)
+        tot = get(metrics, "reward")
         if tot is not None:
-            self._reward_steps.append(step)
-            self._reward_values.append(tot)
+            self.reward.push(step, tot)
         if samples:
             self._push_samples(step, samples)
-        L = mget("completions/mean_length")
-        if L.__class__ is not float or L - L != 0.0:
-            L = slow_finite(L)
+        L = get(metrics, "completions/mean_length")
         if L is None or L <= 0:
             return None
-        if self._far_line is not None:  # the baseline is set and correctness has its points
-            self._length_steps.append(step)
-            self._length_values.append(L)
-            if L < self._far_line and not self.in_episode:
-                # This point is far below the level a median of recent points would need. (A healthy
-                # verdict opens nothing, so the confirmation stretch set below is not needed here.)
-                return (self._far_evidence, L, self._far_base)
-            base = self._far_base
-        else:
-            length = self.length
-            base = length.baseline.value
-            if base is None:
-                length.push(step, L)
-                base = length.baseline.value
-            else:
-                length.window.steps.append(step)
-                length.window.values.append(L)
-            base = base or 0.0
-            if base and len(self.correct.values) >= self.min_points:
-                # Neither ever changes again: the far line is fixed from here on.
-                self._far_base = base
-                self._far_line = 0.8 * self.level_ratio * base
-            if base and not self.in_episode and L < 0.8 * self.level_ratio * base and len(self.correct.values) >= self.min_points:
-                return (self._far_evidence, L, base)
+        self.length.push(step, L)
+        base = self.length.baseline.value or 0.0
+        ready = base and len(self.correct) >= self.min_points
+        if ready and not self.in_episode and L < 0.8 * self.level_ratio * base:
+            # This point is far below the level a median of recent points would need.
+            return Assessment(0, {"mean_length": {"latest": L, "baseline": base, "threshold_ratio": self.level_ratio}})
         # Fine logs: each point is one noisy step, so ask for twice the stretch of training.
         self.confirm_steps = 20 if self.clock.gap <= 2 else 10
-        if self.length.baseline.value is None or len(self.correct.values) < self.min_points:
-            return Assessment(warming_up=True, evidence={"points": len(self.length.window.values)})
+        if not ready:
+            return Assessment(warming_up=True, evidence={"points": len(self.length.window)})
         return self._judge(step)
-
-    def _far_evidence(self, L: float, base: float) -> dict[str, Any]:
-        return {"mean_length": {"latest": L, "baseline": base, "threshold_ratio": self.level_ratio}}
 
     def _window(self, w: Window, start: int) -> tuple[list[int], list[float]]:
         steps, vals = [], []
@@ -300,19 +169,19 @@ class LengthRewardCoupling(EpisodeDetector):
 
     def _level_evidence(self, recent: float, base: float, ratio: float) -> dict[str, Any]:
         return {
-            "mean_length": {"recent": fin(recent), "baseline": fin(base), "ratio": fin(ratio),
+            "mean_length": {"recent": finite(recent), "baseline": finite(base), "ratio": finite(ratio),
                             "threshold_ratio": self.level_ratio},
         }
 
-    def _judge(self, step: int) -> Assessment | tuple[Any, ...]:
+    def _judge(self, step: int) -> Assessment:
         k = 3 if self.clock.gap <= 2 else 2  # self.clock.points()
         base = self.length.baseline.value or 0.0
         recent = self.length.window.recent_median(k) or 0.0
         ratio = recent / base if base > 0 else 0.0
         need = self.level_ratio * (0.9 if self.in_episode else 1.0)
-        if ratio < need:
-            return (self._level_evidence, recent, base, ratio)
         ev: dict[str, Any] = self._level_evidence(recent, base, ratio)
+        if ratio < need:
+            return Assessment(0, ev)
         # Trend window: the last span_steps steps, widened to min_points points.
         wsteps = list(self.length.window.steps)
         start = step - self.span_steps
@@ -326,10 +195,10 @@ class LengthRewardCoupling(EpisodeDetector):
         span = max(ls[-1] - ls[0], 1)
         growth = theil_sen(ls, lv) * span / max(median(lv), 1e-9)
         if growth < self.min_growth:  # no coupling without length growth: nothing below could raise the level
-            ev["length_trend"] = {"relative_growth": fin(growth), "threshold_growth": self.min_growth}
+            ev["length_trend"] = {"relative_growth": finite(growth), "threshold_growth": self.min_growth}
             return Assessment(level=0, evidence=ev)
         mk_len = mann_kendall([math.log(v) for v in lv], ls)
-        ev["length_trend"] = dict(mk_len.as_evidence(), relative_growth=fin(growth))
+        ev["length_trend"] = dict(mk_len.as_evidence(), relative_growth=finite(growth))
         length_rising = mk_len.p_up < self.alpha
         if not length_rising:  # nor without a significant trend
             return Assessment(level=0, evidence=ev)
@@ -342,11 +211,11 @@ class LengthRewardCoupling(EpisodeDetector):
         c_rel = c_gain / c_level
         c_rel_upper = (c_gain + (c_se * span if math.isfinite(c_se) else abs(c_gain))) / c_level
         elasticity = c_rel_upper / growth if growth > 0 else 0.0
-        ev["correctness"] = {"metric": self.correctness.key, "p_up": fin(mk_c.p_up), "p_down": fin(mk_c.p_down),
-                             "gain_over_window": fin(c_gain), "relative_gain": fin(c_rel),
-                             "relative_gain_upper": fin(c_rel_upper),
-                             "elasticity_to_length": fin(elasticity), "threshold_elasticity": self.stall_elasticity,
-                             "recent": fin(median(cv[-k:]))}
+        ev["correctness"] = {"metric": self.correctness.key, "p_up": finite(mk_c.p_up), "p_down": finite(mk_c.p_down),
+                             "gain_over_window": finite(c_gain), "relative_gain": finite(c_rel),
+                             "relative_gain_upper": finite(c_rel_upper),
+                             "elasticity_to_length": finite(elasticity), "threshold_elasticity": self.stall_elasticity,
+                             "recent": finite(median(cv[-k:]))}
         stalled = elasticity <= self.stall_elasticity * (1.5 if self.in_episode else 1.0)
         falling = mk_c.p_down < 0.05
         # A jump of entropy and truncation is degeneration, not a length trend: leave it to that
@@ -362,7 +231,7 @@ class LengthRewardCoupling(EpisodeDetector):
         pays = False
         if len(rv) == len(lv) and len(rv) >= 4:
             corr = pearson(lv, rv)
-            ev["reward_length_correlation"] = fin(corr)
+            ev["reward_length_correlation"] = finite(corr)
             pays = corr is not None and corr >= 0.5 and theil_sen(rs, rv) > 0 and self.correctness.key != "reward"
         if pays:
             degenerate = False
@@ -384,14 +253,14 @@ class LengthRewardCoupling(EpisodeDetector):
         _, cv = self._window(self.corr, start)
         if len(cv) >= 3:
             m = median(cv)
-            ev["within_group_length_reward_corr"] = fin(m)
+            ev["within_group_length_reward_corr"] = finite(m)
             if m >= self.corr_threshold:
                 out.append("length_explains_reward")
         gs, gv = self._window(self.len_correct, start)
         bs, bv = self._window(self.len_incorrect, start)
         if len(gv) >= 4 and len(bv) >= 4:
             g_slope, b_slope = theil_sen(gs, gv), theil_sen(bs, bv)
-            ev["length_slope_per_step"] = {"correct": fin(g_slope), "incorrect": fin(b_slope)}
+            ev["length_slope_per_step"] = {"correct": finite(g_slope), "incorrect": finite(b_slope)}
             if b_slope > 0 and b_slope > 1.25 * max(g_slope, 0.0):
                 out.append("incorrect_grow_longer")
         return out

@@ -17,10 +17,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import get
-from grpo_monitor.detectors.stats import Window, fin, median, theil_sen
+from grpo_monitor.detectors.stats import Window, median, theil_sen
 
 # (peak, capacity) pairs, best first: the device's own allocator, the whole device, the host.
 SOURCES: tuple[tuple[str, str, str], ...] = (
@@ -53,7 +52,7 @@ def memory_overrides(config: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-class MemoryPressure(EpisodeDetector):
+class MemoryPressure(Detector):
     """Peak memory near the capacity and rising with completion length.
 
     Parameters: ``high`` (peak over capacity that counts as near it), ``critical`` (and as critical),
@@ -76,7 +75,6 @@ class MemoryPressure(EpisodeDetector):
     variant = None
     role = "guard"  # a resource check, not a judgement of learning
     requires = (("system/gpu_total_gib|system/ram_total_gib",),)
-    inert_without = ("system/gpu_total_gib", "system/ram_total_gib")  # ``_read`` finds nothing without them
 
     def __init__(self, high: float = 0.9, critical: float = 0.97, min_rise: float = 0.05, baseline_points: int = 5,
                  window: int = 32) -> None:
@@ -112,7 +110,7 @@ class MemoryPressure(EpisodeDetector):
                 return peak, total
         return None
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         got = self._read(metrics)
         if got is None:
             return None
@@ -130,26 +128,26 @@ class MemoryPressure(EpisodeDetector):
                 self.base = median(self.first)
                 self.base_len = median(self.first_len) if self.first_len else None
                 self.first, self.first_len = [], []
-            return Assessment(warming_up=True, evidence={"peak_frac": fin(frac), "points": len(self.first)})
+            return Assessment(warming_up=True, evidence={"peak_frac": finite(frac), "points": len(self.first)})
         k = self.clock.points(3, 2)
         recent = self.fracs.recent_median(k) or frac
         if recent < min(0.75, self.high) and not self.in_episode:
             # Far from the capacity: nothing to project (the trend fit is left for when it matters).
             self.above_since = None
-            return Assessment(level=0, evidence={"peak_frac": fin(frac), "recent_peak_frac": fin(recent),
-                                                 "early_peak_frac": fin(self.base)})
+            return Assessment(level=0, evidence={"peak_frac": finite(frac), "recent_peak_frac": finite(recent),
+                                                 "early_peak_frac": finite(self.base)})
         recent_len = self.lens.recent_median(k)
         assert self.source is not None
         ev: dict[str, Any] = {
             "device": self.source[2],
             "peak_metric": self.source[0],
-            "peak_gib": fin(peak),
-            "capacity_gib": fin(total),
-            "peak_frac": fin(frac),
-            "recent_peak_frac": fin(recent),
-            "early_peak_frac": fin(self.base),
-            "max_length": fin(length),
-            "early_max_length": fin(self.base_len),
+            "peak_gib": finite(peak),
+            "capacity_gib": finite(total),
+            "peak_frac": finite(frac),
+            "recent_peak_frac": finite(recent),
+            "early_peak_frac": finite(self.base),
+            "max_length": finite(length),
+            "early_max_length": finite(self.base_len),
             "high": self.high,
         }
         rose = recent >= self.base + self.min_rise
@@ -157,8 +155,8 @@ class MemoryPressure(EpisodeDetector):
         ev["rose_with_length"] = bool(rose and longer)
         projected = self._projected(total)
         if projected is not None:
-            ev["projected_peak_frac_at_cap"] = fin(projected)
-            ev["length_cap"] = fin(self.cap)
+            ev["projected_peak_frac_at_cap"] = finite(projected)
+            ev["length_cap"] = finite(self.cap)
         near = recent >= self.high and rose and longer
         heading = (projected is not None and projected >= 1.0 and recent >= 0.75 and rose and longer
                    and self._lengths_rising())

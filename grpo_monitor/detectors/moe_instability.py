@@ -13,9 +13,17 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
-from grpo_monitor.detectors.stats import Window, fin, mad_sigma, median, quantile
+from grpo_monitor.detectors.base import (  # noqa: F401  (RunContext: doctest)
+    Assessment,
+    Detector,
+    Metrics,
+    RunContext,
+    Sample,
+    check_float,
+    check_int,
+    finite,
+)
+from grpo_monitor.detectors.stats import Window, mad_sigma, median, quantile
 
 
 class _Baselined:
@@ -78,24 +86,18 @@ def is_moe_run(context_is_moe: bool, metrics: Mapping[str, Any]) -> bool:
 
 
 class MoeSighting:
-    """``is_moe_run`` for a stream of steps, rescanning keys only when their number changes."""
+    """``is_moe_run`` for a stream of steps: MoE from the model facts, or from the first step that logs
+    MoE metrics on (a run never turns dense again)."""
 
     def __init__(self, context_is_moe: bool) -> None:
         self.moe = bool(context_is_moe)
-        self._nkeys = -1
 
     def see(self, metrics: Mapping[str, Any]) -> bool:
-        if not self.moe and (len(metrics) != self._nkeys or "aux_loss" in metrics):
-            self._nkeys = len(metrics)
-            self.moe = is_moe_run(False, metrics)
+        self.moe = self.moe or is_moe_run(False, metrics)
         return self.moe
 
 
-_DENSE: dict[str, Any] = {"moe": False}
-_DENSE_VERDICT = (dict, _DENSE)
-
-
-class MoeInstability(EpisodeDetector):
+class MoeInstability(Detector):
     """At least ``min_signals`` corroborating instability signals on an MoE run.
 
     Parameters: ``min_signals`` (distinct signals needed for a warning; one more, or persistence,
@@ -146,12 +148,6 @@ class MoeInstability(EpisodeDetector):
         self.spike_factor = check_float("spike_factor", spike_factor, 1.0, 1e9, low_open=True)
         super().__init__()
 
-    def inert_now(self, metrics: Metrics, has_samples: bool) -> bool:
-        # A dense run whose names ``MoeSighting.see`` already scanned: each step gives the same dense
-        # verdict, which changes nothing once given outside an episode with nothing pending.
-        s = self.sighting
-        return (not s.moe and s._nkeys == len(metrics) and "aux_loss" not in metrics and not self.in_episode
-                and self.state == "ok" and not self._pending and self._evidence is _DENSE_VERDICT)
 
     def _reset_state(self) -> None:
         mk = lambda: _Baselined(self.base_points, self.base_steps, self.skip_steps, 64)
@@ -171,9 +167,9 @@ class MoeInstability(EpisodeDetector):
         vals = [float(x) for x in (lo, hi) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
         return sum(vals) if vals else None
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if not self.sighting.see(metrics):
-            return _DENSE_VERDICT
+            return Assessment(0, {"moe": False})
 
         def val(key: str) -> float | None:
             v = metrics.get(key)
@@ -222,7 +218,7 @@ class MoeInstability(EpisodeDetector):
             r = median(self.flip.recent.last(2))
             sp = max(sp, 0.1 * b, 1e-4)
             need = 2.0 * b if prov else max(1.5 * b, b + 4 * sp)
-            ev["flip_rate"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(need)}
+            ev["flip_rate"] = {"recent": finite(r), "baseline": finite(b), "threshold": finite(need)}
             if r >= need * relax:
                 signals.append("flip_rate_up")
         ref = self.clip.ref()
@@ -232,7 +228,7 @@ class MoeInstability(EpisodeDetector):
             vals = self._recent(self.clip, step, 4)
             q = quantile(vals, 0.9)
             need = max(3.0 * bq, bq + 0.15) if prov else max(1.75 * bq, bq + 0.05)
-            ev["clip_fraction"] = {"recent_q90": fin(q), "baseline_q90": fin(bq), "threshold": fin(need)}
+            ev["clip_fraction"] = {"recent_q90": finite(q), "baseline_q90": finite(bq), "threshold": finite(need)}
             # Bursty: the upper tail moved, on more than one point.
             if q >= need * relax and sum(1 for v in vals if v >= need * relax) >= bursts_needed:
                 signals.append("clip_bursts")
@@ -243,7 +239,7 @@ class MoeInstability(EpisodeDetector):
             vals = self._recent(self.is_max, step, 2)
             r = median(vals[-k:])
             need = max(b, 1e-6) * (5.0 if prov else 3.0)
-            ev["importance_ratio_max"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(need)}
+            ev["importance_ratio_max"] = {"recent": finite(r), "baseline": finite(b), "threshold": finite(need)}
             if r >= need * relax:
                 signals.append("importance_ratio_extremes")
         ref = self.grad.ref()
@@ -255,8 +251,8 @@ class MoeInstability(EpisodeDetector):
             # A spike is both far out in the run's own noise and a large factor in absolute terms.
             cut = math.log(10.0) if prov else max(self.spike_z * sp, math.log(self.spike_factor))
             spikes = sum(1 for v in vals if v - b >= cut * relax)
-            ev["grad_norm"] = {"spikes_in_window": spikes, "baseline": fin(math.exp(b)), "robust_z_threshold": self.spike_z,
-                               "log_mad_sigma": fin(sp), "spike_factor": fin(math.exp(cut))}
+            ev["grad_norm"] = {"spikes_in_window": spikes, "baseline": finite(math.exp(b)), "robust_z_threshold": self.spike_z,
+                               "log_mad_sigma": finite(sp), "spike_factor": finite(math.exp(cut))}
             if spikes >= 2:
                 signals.append("grad_norm_spikes")
         ref = self.aux.ref()
@@ -266,7 +262,7 @@ class MoeInstability(EpisodeDetector):
             r = median(self.aux.recent.last(k))
             sp = max(sp, 0.01 * abs(b), 1e-6)
             need = b + (0.3 * abs(b) if prov else max(4 * sp, 0.15 * abs(b)))
-            ev["aux_loss"] = {"recent": fin(r), "baseline": fin(b), "threshold": fin(need), "robust_z": fin((r - b) / sp)}
+            ev["aux_loss"] = {"recent": finite(r), "baseline": finite(b), "threshold": finite(need), "robust_z": finite((r - b) / sp)}
             if r >= b + (need - b) * relax:
                 signals.append("aux_loss_drift")
         ev["signals"] = signals

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Detector, Finding, Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, RunContext, Sample  # noqa: F401  (RunContext: doctest)
 from grpo_monitor.detectors.moe_instability import MoeSighting
-from grpo_monitor.detectors.variants import preset
 
 
 class MoeModelDetected(Detector):
@@ -33,72 +32,45 @@ class MoeModelDetected(Detector):
     id = "moe_model_detected"
     variant = None
     role = "info"
+    # One fact about the run, raised once.
+    severities = ("info", "info")
+    clear_after = None
 
-    def __init__(self) -> None:
-        super().__init__()
-
-    def _reset(self) -> None:
-        self.state = "warming_up"
-        self.last_evidence: dict[str, Any] = {}
+    def _reset_state(self) -> None:
         self.raised = False
         self.sighting = MoeSighting(self.context.is_moe)
 
-    def inert_now(self, metrics: Metrics, has_samples: bool) -> bool:
-        # Raised already, or a dense run whose names ``MoeSighting.see`` already scanned and judged.
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if self.raised:
-            return True
-        s = self.sighting
-        return not s.moe and s._nkeys == len(metrics) and "aux_loss" not in metrics and self.state == "ok"
-
-    def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
-        # ``Detector.update`` written out: once raised, every later step is this one test.
-        self._n += 1
-        if type(step) is not int:
-            step = int(step)
-        if self.raised:
-            return []
-        return self._update(step, metrics, samples or ())
-
-    def _update(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> list[Finding]:
-        if self.raised:
-            return []
-        if type(metrics) is not dict and not isinstance(metrics, Mapping):
-            metrics = {}
+            return None
         if not self.sighting.see(metrics):
-            if self.state != "ok":
-                self.state = "ok"
-                self.last_evidence = {"is_moe": False}
-            return []
+            return Assessment(0, {"is_moe": False})
         self.raised = True
-        self.state = "ok"
         model = self.context.model or {}
         cfg = self.context.config or {}
-        level = cfg.get("importance_sampling_level")
-        known = bool(cfg)
-        uses_gspo = level == "sequence"
-        evidence = {
+        return Assessment(1, {
             "is_moe": True,
             "source": "model facts" if self.context.is_moe else "logged MoE metrics",
             "num_experts": model.get("num_experts"),
             "top_k": model.get("top_k"),
-            "importance_sampling_level": level if known else None,
-            "config_known": known,
-        }
-        self.last_evidence = evidence
-        experts = ""
-        if model.get("num_experts"):
-            experts = f" ({model.get('num_experts')} experts, top-{model.get('top_k')})"
-        if uses_gspo:
-            msg = (f"This is a mixture-of-experts model{experts}; the run already uses GSPO "
-                   "(importance_sampling_level='sequence'), as the recipe requires for MoE.")
-            variant, overrides = None, {}
-        elif known:
-            msg = (f"This is a mixture-of-experts model{experts} trained with token-level importance ratios; "
-                   "the recipe requires GSPO (importance_sampling_level='sequence', off-policy steps) for MoE.")
-            variant, overrides = "gspo", preset("gspo", cfg)
-        else:
-            msg = (f"This is a mixture-of-experts model{experts} and the run's config is unknown; "
-                   "the recipe requires GSPO (importance_sampling_level='sequence') for MoE: check that the run uses it.")
-            variant, overrides = "gspo", preset("gspo", cfg)
-        return [Finding(detector=self.id, severity="info", step=step, onset_step=step, variant=variant,
-                        config_overrides=overrides, evidence=evidence, message=msg)]
+            "importance_sampling_level": cfg.get("importance_sampling_level") if cfg else None,
+            "config_known": bool(cfg),
+        }, onset_step=step)
+
+    def _uses_gspo(self) -> bool:
+        return (self.context.config or {}).get("importance_sampling_level") == "sequence"
+
+    def _variant(self) -> str | None:
+        return None if self._uses_gspo() else "gspo"
+
+    def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
+        model = self.context.model or {}
+        experts = f" ({model.get('num_experts')} experts, top-{model.get('top_k')})" if model.get("num_experts") else ""
+        if self._uses_gspo():
+            return (f"This is a mixture-of-experts model{experts}; the run already uses GSPO "
+                    "(importance_sampling_level='sequence'), as the recipe requires for MoE.")
+        if evidence.get("config_known"):
+            return (f"This is a mixture-of-experts model{experts} trained with token-level importance ratios; "
+                    "the recipe requires GSPO (importance_sampling_level='sequence', off-policy steps) for MoE.")
+        return (f"This is a mixture-of-experts model{experts} and the run's config is unknown; "
+                "the recipe requires GSPO (importance_sampling_level='sequence') for MoE: check that the run uses it.")

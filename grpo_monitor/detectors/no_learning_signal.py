@@ -14,18 +14,16 @@ that never had a spread is told the task is too hard or the reward never pays.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample, finite
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import EntropyTrack, get
-from grpo_monitor.detectors.stats import Window, fin
+from grpo_monitor.detectors.stats import Window
 from grpo_monitor.detectors.sudden_collapse import REMEDY, lowered_learning_rate
 
 
-class NoLearningSignal(EpisodeDetector):
+class NoLearningSignal(Detector):
     """Sustained all-zero-std groups, all-truncated completions, or zero spread with zero gradient.
 
     Parameters: ``level`` (a share at or above it counts as "all"), ``persist_points``/``persist_steps``
@@ -44,6 +42,7 @@ class NoLearningSignal(EpisodeDetector):
 
     id = "no_learning_signal"
     variant = None
+    requires = (("frac_reward_zero_std",), ("completions/clipped_ratio",), ("reward_std", "grad_norm"))
 
     def __init__(self, level: float = 0.98, persist_points: int = 3, persist_steps: int = 10, defer_high: float = 2.5,
                  defer_low: float = 0.25) -> None:
@@ -59,10 +58,9 @@ class NoLearningSignal(EpisodeDetector):
         # The flagged points (step, number of conditions). Only the trailing run of them is ever read,
         # so an unflagged point is not stored: it only ends the run.
         self.flags = Window(64)
-        # Trailing flagged points in ``flags`` (kept as the flags come, not recounted per step).
+        # Trailing flagged points in ``flags``.
         self._run = 0
         self.last_reward: float | None = None
-        self._healthy = (_plain_evidence_healthy, self.persist_points, self.level)
         cap = (self.context.config or {}).get("max_completion_length")
         self.cap = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
         self.masked = (self.context.config or {}).get("mask_truncated_completions") is True
@@ -72,36 +70,15 @@ class NoLearningSignal(EpisodeDetector):
         self.best_reward: float | None = None
         self.lost = False
 
-    def _conditions(self, metrics: Metrics, fz: float | None) -> tuple[list[str], bool]:
-        """The no-signal conditions holding at this step, and whether any was measurable
-        (``fz``: the step's ``frac_reward_zero_std``)."""
-        out = []
-        measured = False
-        if fz is not None:
-            measured = True
-            if fz >= self.level:
-                out.append("all_groups_zero_std")
-        cr = get(metrics, "completions/clipped_ratio")
-        rs, g = get(metrics, "reward_std"), get(metrics, "grad_norm")
-        if cr is not None:
-            measured = True
-            # Truncated completions still carry their group's advantages unless TRL masks them out of
-            # the loss: all-truncated is no signal only when masked, or when the groups' spread is gone.
-            spread = (fz < 0.5) if fz is not None else (rs > 1e-6) if rs is not None else False
-            if cr >= self.level and (self.masked or not spread):
-                out.append("all_truncated")
-        if rs is not None and g is not None:
-            measured = True
-            if rs <= 1e-6 and g <= 1e-8:
-                out.append("zero_reward_std_and_gradient")
-        return out, measured
-
-    def _conditions_of(self, fz: float | None, cr: float | None, rs: float | None, gn: float | None) -> list[str]:
-        """``_conditions`` of values already read."""
+    def _conditions(self, fz: float | None, cr: float | None, rs: float | None, gn: float | None) -> list[str]:
+        """The no-signal conditions holding at a step with these ``frac_reward_zero_std``,
+        ``completions/clipped_ratio``, ``reward_std`` and ``grad_norm``."""
         out = []
         if fz is not None and fz >= self.level:
             out.append("all_groups_zero_std")
         if cr is not None:
+            # Truncated completions still carry their group's advantages unless TRL masks them out of
+            # the loss: all-truncated is no signal only when masked, or when the groups' spread is gone.
             spread = (fz < 0.5) if fz is not None else (rs > 1e-6) if rs is not None else False
             if cr >= self.level and (self.masked or not spread):
                 out.append("all_truncated")
@@ -109,95 +86,33 @@ class NoLearningSignal(EpisodeDetector):
             out.append("zero_reward_std_and_gradient")
         return out
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        return NoLearningSignal._step(self, step, metrics, samples, False)  # type: ignore[no-any-return]
-
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None, book: bool = True) -> Any:
-        # One body for the assessment (``book`` False: ``_assess``, which subclasses build on) and the
-        # whole step (True: booked as ``EpisodeDetector._step`` would, in one call, for the engine,
-        # ``update`` and replays): this runs at every step of the run.
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         entropy = self.entropy
-        if entropy.baseline.value is None:
-            if entropy.push_metrics(step, metrics) is not None and entropy.baseline.value is None:
-                entropy.force_if_moved(step, 2, low=self.defer_low, high=self.defer_high)
-            fz = get(metrics, "frac_reward_zero_std")
-            conds, measured = self._conditions(metrics, fz)
-            if not measured:
-                return NOTHING if book else None
-        else:
-            # Nearly every step: ``push_metrics`` and ``_conditions`` read straight from the metrics.
-            g = metrics.get
-            h = g("entropy")
-            if h.__class__ is not float:
-                h = finite(h)
-            if h is not None and 0.0 <= h < math.inf:
-                if h == 0.0:  # TRL's entropy of nothing: every completion truncated and masked
-                    clipped = get(metrics, "completions/clipped_ratio")
-                    if clipped is None or clipped >= 0.99:
-                        h = None
-                if h is not None:
-                    w = entropy.window
-                    w.steps.append(step)
-                    w.values.append(h)
-            fz, cr, rs, gn = g("frac_reward_zero_std"), g("completions/clipped_ratio"), g("reward_std"), g("grad_norm")
-            if fz.__class__ is not float:
-                fz = finite(fz)
-            elif not fz - fz == 0.0:
-                fz = None
-            if cr.__class__ is not float:
-                cr = finite(cr)
-            elif not cr - cr == 0.0:
-                cr = None
-            if rs.__class__ is not float:
-                rs = finite(rs)
-            elif not rs - rs == 0.0:
-                rs = None
-            if gn.__class__ is not float:
-                gn = finite(gn)
-            elif not gn - gn == 0.0:
-                gn = None
-            lvl = self.level
-            if ((fz is not None and fz >= lvl) or (cr is not None and cr >= lvl)
-                    or (rs is not None and gn is not None and rs <= 1e-6 and gn <= 1e-8)):
-                conds = self._conditions_of(fz, cr, rs, gn)
-            elif fz is None and cr is None and (rs is None or gn is None):
-                return NOTHING if book else None  # nothing measurable
-            else:
-                conds = ()  # no condition can hold (read only as "none": no list for the common case)
-        r = metrics.get("reward")
-        if r.__class__ is not float:
-            r = finite(r)
-        elif not r - r == 0.0:
-            r = None
+        settled = entropy.baseline.value is not None
+        if entropy.push_metrics(step, metrics) is not None and not settled and entropy.baseline.value is None:
+            entropy.force_if_moved(step, 2, low=self.defer_low, high=self.defer_high)
+        fz, cr = get(metrics, "frac_reward_zero_std"), get(metrics, "completions/clipped_ratio")
+        rs, gn = get(metrics, "reward_std"), get(metrics, "grad_norm")
+        if fz is None and cr is None and (rs is None or gn is None):
+            return None  # nothing measurable
+        conds = self._conditions(fz, cr, rs, gn)
+        r = get(metrics, "reward")
         if r is not None:
             self.last_reward = r
         flags = self.flags
         if conds:
-            flags.steps.append(step)
-            flags.values.append(len(conds))
-            run = self._run + 1
-            if run > flags.values.maxlen:  # the window forgets the oldest flag
-                run = flags.values.maxlen
-            self._run = run
+            flags.push(step, len(conds))
+            self._run = min(self._run + 1, flags.maxlen)
         else:
             if fz is None or fz <= 0.5:
                 self.signal_points += 1
                 self.last_signal_step = step
-                if r is not None:
-                    best = self.best_reward
-                    if best is None or r > best:
-                        self.best_reward = r
-            if self._run:
-                self._run = 0
+                if r is not None and (self.best_reward is None or r > self.best_reward):
+                    self.best_reward = r
+            self._run = 0
             if not self.in_episode:
-                a = self._healthy
-                if not book:
-                    return a
-                if not self._pending and self.state == "ok":
-                    self._evidence = a
-                    return NOTHING
-                return self._conclude(step, a)
-            run = 0
+                return Assessment(0, _evidence([], 0, self.persist_points, self.level))
+        run = self._run
         k = self.persist_points
         # The flagged run must also cover persist_steps of training (a coarse point covers several).
         covered = (step - flags.steps[-run] + self.clock.gap) if run else 0
@@ -205,11 +120,11 @@ class NoLearningSignal(EpisodeDetector):
         need = max(2, min(k, -(-self.persist_steps // max(1, self.clock.gap)) + 1))
         sustained = run >= need and covered >= self.persist_steps
         long_sustained = run >= 2 * need and covered >= 2 * self.persist_steps
-        ev = _plain_evidence(conds or [], run, k, self.level)
+        ev = _evidence(conds, run, k, self.level)
         deferred = None
         ratio = self.entropy.ratio(2)
         if ratio is not None:
-            ev["entropy_ratio_to_baseline"] = fin(ratio)
+            ev["entropy_ratio_to_baseline"] = finite(ratio)
             if ratio >= self.defer_high:
                 deferred = "degenerate_long_cot"
             elif ratio <= self.defer_low:
@@ -217,13 +132,13 @@ class NoLearningSignal(EpisodeDetector):
         if deferred:
             ev["deferred_to"] = deferred
         if self.last_reward is not None:
-            ev["reward"] = fin(self.last_reward)
+            ev["reward"] = self.last_reward
         ev["signal"] = "never_had"
         if self.signal_points >= k and self.last_signal_step is not None:
             best, now = self.best_reward, self.last_reward
             ev["had_signal_until"] = self.last_signal_step
             ev["signal_points"] = self.signal_points
-            ev["best_reward"] = fin(best)
+            ev["best_reward"] = best
             if best is None or now is None:
                 ev["signal"] = "had_signal"  # without a reward, a solved task and a collapse look alike
             else:
@@ -234,15 +149,14 @@ class NoLearningSignal(EpisodeDetector):
             lr = lowered_learning_rate(self.context.config)
             if lr is not None:
                 ev["remedy"] = REMEDY
-                ev["learning_rate"] = {"configured": fin(self.context.config.get("learning_rate")), "recommended": lr}
+                ev["learning_rate"] = {"configured": finite(self.context.config.get("learning_rate")), "recommended": lr}
         level = 0
         if sustained and not deferred:
             level = 1
             if long_sustained or (self.episode_len >= 1 and sum(1 for v in flags.last(need) if v >= 2) == need):
                 level = 2
         onset = flags.steps[-run] if run and level else None
-        a = Assessment(level=level, evidence=ev, onset_step=onset)
-        return self._conclude(step, a) if book else a
+        return Assessment(level=level, evidence=ev, onset_step=onset)
 
     def _overrides(self) -> dict[str, Any]:
         if not self.lost:
@@ -272,9 +186,5 @@ class NoLearningSignal(EpisodeDetector):
         return f"{lead}: {advice} No GRPO variant fixes this; the run is wasting compute."
 
 
-def _plain_evidence(conds: list[str], run: int, persist_points: int, level: float) -> dict[str, Any]:
+def _evidence(conds: list[str], run: int, persist_points: int, level: float) -> dict[str, Any]:
     return {"conditions": conds, "points_in_a_row": run, "persist_points": persist_points, "level": level}
-
-
-def _plain_evidence_healthy(persist_points: int, level: float) -> dict[str, Any]:
-    return _plain_evidence([], 0, persist_points, level)

@@ -11,42 +11,23 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, Sample
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_int, to_number
 
 WATCHED = ("loss", "grad_norm", "entropy", "reward", "reward_std", "kl", "policy_loss", "aux_loss")
 
 
 def non_finite_keys(metrics: Mapping[str, Any], max_keys: int = 512) -> tuple[list[str], bool]:
-    """The watched keys holding NaN/inf, and whether any watched key held a number at all."""
-    inf = math.inf
-    # Fast path in C: the exact sum of the truthy values (Nones and zeros dropped) is finite
-    # exactly when all of them are.
-    try:
-        suspicious = not math.isfinite(math.fsum(filter(None, metrics.values())))
-    except (TypeError, ValueError, OverflowError):  # odd types, inf - inf, finite overflow
-        suspicious = True
-    if suspicious and any(type(v) is float and not (-inf < v < inf) for v in metrics.values()):
-        bad = sorted(k for i, (k, v) in enumerate(metrics.items())
-                     if i < max_keys and type(v) is float and not (-inf < v < inf)
-                     and isinstance(k, str) and (k in WATCHED or k.startswith("rewards/")))
-        if bad:
-            return bad, True
-    for k in WATCHED:
-        v = metrics.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return [], True
-    return [], any(isinstance(k, str) and k.startswith("rewards/") and isinstance(v, (int, float)) for k, v in metrics.items())
+    """The watched keys holding NaN/inf (among the first ``max_keys``), and whether any watched key held
+    a number at all."""
+    def watched(k: Any) -> bool:
+        return isinstance(k, str) and (k in WATCHED or k.startswith("rewards/"))
+
+    items = list(metrics.items())
+    bad = sorted(k for k, v in items[:max_keys] if watched(k) and isinstance(v, float) and not math.isfinite(v))
+    return bad, bool(bad) or any(watched(k) and to_number(v) is not None for k, v in items)
 
 
-def _no_keys() -> dict[str, Any]:
-    return {"keys": []}
-
-
-_HEALTHY = (_no_keys,)
-
-
-class NonFinite(EpisodeDetector):
+class NonFinite(Detector):
     """NaN or inf in a watched metric; critical when it persists or hits the loss with another key.
 
     Parameters: ``persist_points`` (consecutive points with a non-finite value that make it critical).
@@ -72,36 +53,13 @@ class NonFinite(EpisodeDetector):
         self.first_step: int | None = None
         self.state = "ok"
 
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
-        # A clean step after a clean step changes nothing but the count: the fast test of ``_assess``
-        # below, and none of the bookkeeping ``EpisodeDetector._step`` would redo.
-        if self._evidence is _HEALTHY and not self.in_episode and not self._pending and self.state == "ok":
-            try:
-                s = sum(metrics.values())
-                clean = s - s == 0.0
-            except Exception:  # noqa: BLE001 - any odd value: the exact path decides
-                clean = False
-            if clean is True and metrics.get("loss").__class__ is float:
-                return NOTHING
-        return EpisodeDetector._step(self, step, metrics, samples)
-
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        # The healthy step in a few C calls: a plain sum is NaN or inf when any float in it is (a finite
-        # overflow, a gap or an odd type only sends the step down the exact path below).
-        try:
-            s = sum(metrics.values())
-            clean = s - s == 0.0
-        except Exception:  # noqa: BLE001 - any odd value: the exact path decides
-            clean = False
-        if clean is True and metrics.get("loss").__class__ is float:
-            self.run = 0
-            return _HEALTHY
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         bad, seen = non_finite_keys(metrics)
         if not seen:
             return None
         if not bad:
             self.run = 0
-            return _HEALTHY
+            return Assessment(0, {"keys": []})
         self.run += 1
         if self.run == 1:
             self.first_step = step

@@ -28,10 +28,8 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample, finite
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import duplicate_key, fair_sample, get, groups_of, resolve_correctness
-from grpo_monitor.detectors.stats import fin
 
 _FORMAT = re.compile(r"format|xml|tag|think|strict|soft|struct|schema", re.IGNORECASE)
 _EPS = 1e-9
@@ -73,7 +71,7 @@ class _Component:
         self.status = "pinned"  # "pinned" | "alive" (its std was > 0 once) | "done" (raised at its top level)
 
 
-class RewardFunctionBug(EpisodeDetector):
+class RewardFunctionBug(Detector):
     """A reward component constant from the first step, one value per batch, or one value per prompt.
 
     Parameters: ``min_points``/``min_steps`` (logged points and training steps a component must stay
@@ -113,10 +111,6 @@ class RewardFunctionBug(EpisodeDetector):
             return None
         return "needs rewards/<f>/std (per-function reward std) or per-completion samples"
 
-    def inert_now(self, metrics: Metrics, has_samples: bool) -> bool:
-        # ``_assess``'s first test: nothing left to follow, and these names already scanned.
-        return (not self._pinned and not self.in_episode and len(metrics) == self._nkeys
-                and not (has_samples and self.sample_check))
 
     def _reset_state(self) -> None:
         self.components: dict[str, _Component] = {}
@@ -137,7 +131,7 @@ class RewardFunctionBug(EpisodeDetector):
 
     # -- per step ---------------------------------------------------------------------------------
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if not self._pinned and not self.in_episode and len(metrics) == self._nkeys and not (samples and self.sample_check):
             return None  # nothing left to follow: the healthy path from the first steps on
         if len(metrics) != self._nkeys:
@@ -299,7 +293,7 @@ class RewardFunctionBug(EpisodeDetector):
             lvl = 1
             if kind != "dead" and covered >= self.critical_factor * self.min_steps and c.points >= self.min_points + 1:
                 lvl = 2
-            found.append({"component": name, "kind": kind, "value": fin(c.first) if not c.moved else None,
+            found.append({"component": name, "kind": kind, "value": finite(c.first) if not c.moved else None,
                           "std": 0.0, "points": c.points, "since_step": c.first_step, "steps": covered,
                           "advice": ADVICE[kind]})
             level = max(level, lvl)

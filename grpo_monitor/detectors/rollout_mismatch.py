@@ -25,10 +25,9 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample
-from grpo_monitor.detectors.episode import Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import get
-from grpo_monitor.detectors.stats import Window, fin, mad_sigma, mann_kendall, median
+from grpo_monitor.detectors.stats import Window, mad_sigma, mann_kendall, median
 
 # Drift series, best first within a kind: (metric, kind, transform). ``quadratic`` kinds (KL
 # estimates) grow as the square of a log-prob gap, so they need ``rise_ratio``; ``linear`` kinds
@@ -100,7 +99,7 @@ class _Series:
         return [s for s, _ in pairs], [v for _, v in pairs]
 
 
-class RolloutMismatch(EpisodeDetector):
+class RolloutMismatch(Detector):
     """The rollout engine's policy drifting away from the trainer's, against the run's early level.
 
     Parameters: ``rise_ratio`` (a KL-type mismatch at this multiple of its early level counts as
@@ -124,7 +123,6 @@ class RolloutMismatch(EpisodeDetector):
     id = "rollout_mismatch"
     variant = None
     requires = (("mismatch/*|sampling/sampling_logp_difference/mean|sampling/importance_sampling_ratio/mean",),)
-    inert_without = MISMATCH_KEYS  # ``_assess`` answers None without any of them
 
     def not_applicable(self, names: Collection[str]) -> str | None:
         if self.seen_mismatch or any(n in MISMATCH_KEYS or n.startswith("mismatch/") for n in names):
@@ -205,7 +203,7 @@ class RolloutMismatch(EpisodeDetector):
 
     # -- judging ---------------------------------------------------------------------------------
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
             return None
         # No mismatch metric at all: ``_read`` would find nothing. (A keys view looks up the few
@@ -296,13 +294,13 @@ class RolloutMismatch(EpisodeDetector):
         out: dict[str, Any] = {
             "metric": key,
             "kind": kind,
-            "value": fin(last),
-            "recent_median": fin(recent),
-            "baseline": fin(base),
+            "value": finite(last),
+            "recent_median": finite(recent),
+            "baseline": finite(base),
             "baseline_step": s.base_step,
-            "ratio_to_baseline": fin(recent / base) if base > 0 else None,
-            "threshold": fin(threshold),
-            "excess": fin(recent / threshold) or 0.0,
+            "ratio_to_baseline": finite(recent / base) if base > 0 else None,
+            "threshold": finite(threshold),
+            "excess": finite(recent / threshold) or 0.0,
             "drifting": False,
             "since": self.above_since.get(key),
         }
@@ -329,8 +327,8 @@ class RolloutMismatch(EpisodeDetector):
         lo, hi = math.log(self.is_low), math.log(self.is_high)
         base = s.base
         noise = max(s.spread or 0.0, s.recent_spread(2 * n))
-        ev["is_ratio_mean"] = {"recent_median": fin(math.exp(recent)), "baseline": fin(math.exp(base)),
-                               "band": [self.is_low, self.is_high], "baseline_log_spread": fin(noise)}
+        ev["is_ratio_mean"] = {"recent_median": finite(math.exp(recent)), "baseline": finite(math.exp(base)),
+                               "band": [self.is_low, self.is_high], "baseline_log_spread": finite(noise)}
         out = recent < lo or recent > hi
         # Ratios that are merely noisy around 1 (sequence-level ratios of long completions) leave the
         # band by chance: the shift must also stand clear of the run's own early spread.
@@ -343,7 +341,7 @@ class RolloutMismatch(EpisodeDetector):
         recent = s.recent(max(k, 3))
         if recent is None:
             return False
-        ev["ess"] = {"recent_median": fin(recent), "baseline": fin(s.base), "floor": self.ess_floor}
+        ev["ess"] = {"recent_median": finite(recent), "baseline": finite(s.base), "floor": self.ess_floor}
         return recent < self.ess_floor and recent < 0.5 * max(s.base, 1e-9)
 
     def _masked_up(self, k: int, ev: dict[str, Any]) -> bool:
@@ -354,7 +352,7 @@ class RolloutMismatch(EpisodeDetector):
         if recent is None:
             return False
         need = max(self.masked_floor, 3.0 * s.base + 0.03)
-        ev["masked_share"] = {"recent_median": fin(recent), "baseline": fin(s.base), "threshold": fin(need)}
+        ev["masked_share"] = {"recent_median": finite(recent), "baseline": finite(s.base), "threshold": finite(need)}
         return recent >= need
 
     def _corroborators(self, k: int, ev: dict[str, Any]) -> list[str]:
@@ -363,13 +361,13 @@ class RolloutMismatch(EpisodeDetector):
         if g.base is not None and g.base > 0 and len(g.window):
             peak = max(g.window.last(2 * k))
             rec = g.recent(k) or 0.0
-            ev["grad_norm"] = {"recent_median": fin(rec), "recent_max": fin(peak), "baseline": fin(g.base)}
+            ev["grad_norm"] = {"recent_median": finite(rec), "recent_max": finite(peak), "baseline": finite(g.base)}
             if peak >= 5.0 * g.base or rec >= 3.0 * g.base:
                 out.append("grad_norm_spikes")
         c = self.clip
         if c.base is not None and len(c.window):
             rec = c.recent(k) or 0.0
-            ev["clip_ratio"] = {"recent_median": fin(rec), "baseline": fin(c.base)}
+            ev["clip_ratio"] = {"recent_median": finite(rec), "baseline": finite(c.base)}
             if rec >= c.base + 0.05 and rec >= 2.0 * c.base:
                 out.append("clip_ratio_up")
         r = self.reward
@@ -377,7 +375,7 @@ class RolloutMismatch(EpisodeDetector):
             rec = r.recent(k)
             if rec is not None and r.peak is not None:
                 margin = max(3.0 * (r.spread or 0.0), 0.1 * abs(r.peak), 1e-6)
-                ev["reward"] = {"recent_median": fin(rec), "peak": fin(r.peak), "baseline": fin(r.base)}
+                ev["reward"] = {"recent_median": finite(rec), "peak": finite(r.peak), "baseline": finite(r.base)}
                 if rec <= r.peak - margin:
                     out.append("reward_falling")
         h = self.entropy
@@ -386,7 +384,7 @@ class RolloutMismatch(EpisodeDetector):
         ref = h.older()
         if ref is not None and ref > 0:
             rec = h.recent(k) or 0.0
-            ev["entropy"] = {"recent_median": fin(rec), "earlier_median": fin(ref)}
+            ev["entropy"] = {"recent_median": finite(rec), "earlier_median": finite(ref)}
             if rec <= 0.5 * ref or rec >= 2.0 * ref:
                 out.append("entropy_turning")
         return out

@@ -14,24 +14,22 @@ import math
 import random
 import re
 import zlib
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import RunContext, finite
+from grpo_monitor.detectors.base import RunContext
+from grpo_monitor.detectors.numbers import finite
 from grpo_monitor.detectors.stats import SettledBaseline, Window, log_ratio, mad_sigma, median
 
-_CORRECT_HINT = re.compile(r"correct|accura|(^|[^a-z])acc([^a-z]|$)|exact|match", re.IGNORECASE)
-_FORMAT_HINT = re.compile(r"format|xml|tag|schema|struct", re.IGNORECASE)
+_CORRECT_HINT = re.compile(r"correct|accura|(^|[^a-z])acc([^a-z]|$)|exact|match|answer", re.IGNORECASE)
+_FORMAT_HINT = re.compile(r"format|(^|[^a-z])fmt([^a-z]|$)|xml|tag|schema|struct", re.IGNORECASE)
 _LENGTH_HINT = re.compile(r"len|overlong|long|short|token", re.IGNORECASE)
 
 
 def get(metrics: Mapping[str, Any], key: str) -> float | None:
     """A finite value of one metric, or None (missing key, gap, NaN or inf)."""
-    v = metrics.get(key)
-    if type(v) is float:  # the common case, checked without a call
-        return v if -math.inf < v < math.inf else None
-    return finite(v)
+    return finite(metrics.get(key))
 
 
 def component_key(name: str) -> str:
@@ -48,16 +46,33 @@ def reward_names_in(keys: Iterable[str]) -> list[str]:
     return out
 
 
+def reward_roles(names: Iterable[str]) -> tuple[str | None, str | None]:
+    """Which reward function measures correctness and which the format, guessed from their names: the
+    one guess made live (``attach``) and offline (every reader, every detector).
+
+    A name that speaks of format (``format``, ``fmt``, ``xml``, ``tag``, ``schema``, ``struct``) is the
+    format reward, never correctness, even when it also says ``correct`` (``format_correct`` pays for a
+    correct format); correctness is the first other name that says so (``correct``, ``accuracy``,
+    ``acc``, ``exact``, ``match``, ``answer``).
+
+    >>> reward_roles(["format_correct", "answer_match"]), reward_roles(["math_match", "fmt"])
+    (('answer_match', 'format_correct'), ('math_match', 'fmt'))
+    >>> reward_roles(["has_answer_tag", "subtraction_is_right"])
+    (None, 'has_answer_tag')
+    """
+    names = [n for n in dict.fromkeys(names) if isinstance(n, str)]
+    fmt = next((n for n in names if _FORMAT_HINT.search(n)), None)
+    correct = next((n for n in names if _CORRECT_HINT.search(n) and not _FORMAT_HINT.search(n)), None)
+    return correct, fmt
+
+
 def resolve_correctness(context: RunContext, keys: Iterable[str]) -> tuple[str, str | None]:
-    """The metric that measures correctness: the declared correctness reward, else a reward
-    component whose name says so (``correct``, ``accuracy``, ``acc``), else the total ``reward``."""
+    """The metric that measures correctness: the declared correctness reward, else the reward component
+    ``reward_roles`` takes for correctness, else the total ``reward``."""
     if context.correctness_reward:
         return component_key(context.correctness_reward), context.correctness_reward
-    names = list(context.reward_names or []) + reward_names_in(keys)
-    for name in names:
-        if _CORRECT_HINT.search(name) and not _FORMAT_HINT.search(name):
-            return component_key(name), name
-    return "reward", None
+    name, _ = reward_roles([*(context.reward_names or []), *reward_names_in(keys)])
+    return ("reward", None) if name is None else (component_key(name), name)
 
 
 def is_length_name(name: str) -> bool:
@@ -310,9 +325,7 @@ class LevelTrack:
         self.first_steps: list[int] = []
 
     def push(self, step: int, v: float) -> None:
-        w = self.window
-        w.steps.append(step)
-        w.values.append(v)
+        self.window.push(step, v)
         if self.baseline.value is None:
             # The first points within a few steps of the start: three on fine logs, one on coarse
             # logs (where the third point may already be deep into an early failure).
@@ -375,8 +388,7 @@ class LevelTrack:
         r = self.window.recent_median(k)
         if r is None:
             return None
-        # log_ratio(r, b), inlined: this runs every step.
-        return math.exp(math.log(max(r, 1e-12)) - math.log(max(b, 1e-12)))
+        return math.exp(log_ratio(r, b))
 
     def last_step(self) -> int | None:
         return self.window.steps[-1] if len(self.window) else None
@@ -390,70 +402,12 @@ class EntropyTrack(LevelTrack):
     """
 
     def push_metrics(self, step: int, metrics: Mapping[str, Any]) -> float | None:
-        h = metrics.get("entropy")
-        if type(h) is not float:
-            h = finite(h)
-        if h is None or not (0.0 <= h < math.inf):
+        h = get(metrics, "entropy")
+        if h is None or h < 0.0:
             return None
         if h == 0.0:
             clipped = get(metrics, "completions/clipped_ratio")
             if clipped is None or clipped >= 0.99:
                 return None
-        if self.baseline.value is None:
-            self.push(step, h)
-        else:  # ``push`` once the baseline is set: four detectors do this every step
-            w = self.window
-            w.steps.append(step)
-            w.values.append(h)
+        self.push(step, h)
         return h
-
-
-class StepClock:
-    """The typical spacing of logged points, so persistence can be asked for in points that
-    mean the same on fine (every step) and coarse (every 5-10 steps) logs.
-
-    >>> c = StepClock()
-    >>> for s in (10, 20, 30, 40):
-    ...     c.tick(s)
-    >>> c.gap, c.points(fine=3, coarse=2)
-    (10, 2)
-    """
-
-    def __init__(self) -> None:
-        # Only the last steps are kept; the spacing is worked out when asked (rarely, on the slow
-        # paths), so a tick is a single append.
-        self._steps: deque[int] = deque(maxlen=9)
-        self._gap: int | None = 1
-
-    def copy(self) -> StepClock:
-        """A clock of its own that has seen the same steps."""
-        other = StepClock()
-        other._steps.extend(self._steps)
-        other._gap = self._gap
-        return other
-
-    def tick(self, step: int) -> None:
-        steps = self._steps
-        if not steps or step > steps[-1]:
-            steps.append(step)
-            self._gap = None
-
-    @property
-    def gap(self) -> int:
-        """Mean steps per logged point over the last few points (a mean, not a median: logs that
-        come in bursts with long holes cover training sparsely even if most gaps are 1)."""
-        g = self._gap
-        if g is None:  # worked out once per new point, however often it is asked
-            steps = self._steps
-            n = len(steps)
-            g = self._gap = 1 if n < 2 else max(1, round((steps[-1] - steps[0]) / (n - 1)))
-        return g
-
-    def points_for(self, steps: int, minimum: int = 1) -> int:
-        """Logged points covering about ``steps`` training steps, at least ``minimum``."""
-        return max(minimum, math.ceil(steps / max(self.gap, 1)))
-
-    def points(self, fine: int = 3, coarse: int = 2) -> int:
-        """``fine`` points on logs of every step or two, ``coarse`` on sparser logs (each point
-        there already averages several steps, so one-step spikes are diluted)."""
-        return fine if self.gap <= 2 else coarse

@@ -20,10 +20,9 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, Sample
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import get
-from grpo_monitor.detectors.stats import fin, median
+from grpo_monitor.detectors.stats import median
 
 WALL = "system/wall_time"
 STEP_TIME = "step_time"
@@ -87,7 +86,7 @@ def stall_status(step_times: Sequence[tuple[int, float]], now: float, k: float =
     return StallStatus(age_s=age, median_interval_s=interval, last_step=prev[0], k=k)
 
 
-class Stall(EpisodeDetector):
+class Stall(Detector):
     """A logged step that took ``k`` times the run's median (a stall the run came back from).
 
     Parameters: ``k`` (the multiple of the median time per step that counts as a stall),
@@ -118,18 +117,13 @@ class Stall(EpisodeDetector):
     def _reset_state(self) -> None:
         self.prev_step: int | None = None
         self.prev_wall: float | None = None
-        # Values only (their steps are never read): a push is one append.
+        # Seconds per step of the healthy points, and their medians, refreshed every eight points.
         self.wall: deque[float] = deque(maxlen=self.window)
         self.steps: deque[float] = deque(maxlen=self.window)
-        # Medians refreshed every few healthy points: a step is one comparison.
         self._wall_med: float | None = None
         self._step_med: float | None = None
         self._wall_age = 0
         self._step_age = 0
-        # ``k`` times each median, None while there is none (or it is 0): a point below it is healthy.
-        self._wall_lim: float | None = None
-        self._step_lim: float | None = None
-        self._ok: Assessment | None = None
         cfg = self.context.config or {}
         self.save_every = _every(cfg, "save_strategy", "save_steps")
         self.eval_every = _every(cfg, "eval_strategy", "eval_steps") or _every(cfg, "evaluation_strategy", "eval_steps")
@@ -143,75 +137,7 @@ class Stall(EpisodeDetector):
                 return what
         return None
 
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
-        # The common case first: every clock logged is a plain float below its stall line, no save or
-        # evaluation in the interval, both medians known. Checked before anything changes, then
-        # done as ``_assess_full`` would and booked as ``EpisodeDetector._step`` would, in one call;
-        # anything else goes that way.
-        mget = metrics.get
-        w = mget(WALL)
-        st = mget(STEP_TIME)
-        prev = self.prev_step
-        if prev is None or step <= prev or (w is None and st is None):
-            return EpisodeDetector._step(self, step, metrics, samples)
-        per = None
-        if w is not None:
-            pw = self.prev_wall
-            lim = self._wall_lim
-            if w.__class__ is not float or pw is None or lim is None or not pw <= w:
-                return EpisodeDetector._step(self, step, metrics, samples)
-            per = (w - pw) / (step - prev)
-            if not per < lim:
-                return EpisodeDetector._step(self, step, metrics, samples)
-            e = self.save_every
-            if e is not None and (step - 1) // e > (prev - 1) // e:
-                return EpisodeDetector._step(self, step, metrics, samples)
-            e = self.eval_every
-            if e is not None and (step - 1) // e > (prev - 1) // e:
-                return EpisodeDetector._step(self, step, metrics, samples)
-        if st is not None:
-            lim = self._step_lim
-            if st.__class__ is not float or lim is None or not 0.0 <= st < lim:
-                return EpisodeDetector._step(self, step, metrics, samples)
-        self.prev_step = step
-        self.prev_wall = w
-        if per is not None:
-            vals = self.wall
-            vals.append(per)
-            self._wall_age = age = self._wall_age + 1
-            if age >= 8:
-                self._wall_med, self._wall_age = _median(vals), 0
-                self._ok = None
-                self._limits()
-        if st is not None:
-            vals = self.steps
-            vals.append(st)
-            self._step_age = age = self._step_age + 1
-            if age >= 8:
-                self._step_med, self._step_age = _median(vals), 0
-                self._ok = None
-                self._limits()
-        ok = self._ok
-        if ok is None:
-            ok = self._ok = Assessment(level=0, evidence={
-                "median_step_s": fin(self._wall_med if self._wall_med is not None else self._step_med), "k": self.k,
-                "min_stall_s": self.min_stall_s})
-        if not (self.in_episode or self._pending) and self.state == "ok":
-            self._evidence = ok.evidence
-            return NOTHING
-        return self._conclude(step, ok)
-
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        # Any step ``_step`` does not take whole (and every step of a subclass).
-        return self._assess_full(step, metrics)
-
-    def _limits(self) -> None:
-        m = self._wall_med
-        self._wall_lim = self.k * m if m is not None and m > 0 else None
-        m = self._step_med
-        self._step_lim = self.k * m if m is not None and m > 0 else None
-
-    def _assess_full(self, step: int, metrics: Metrics) -> Assessment | None:
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         w = get(metrics, WALL)
         st = get(metrics, STEP_TIME)
         if w is None and st is None:
@@ -237,11 +163,9 @@ class Stall(EpisodeDetector):
                 self.wall.append(per)
                 self._wall_age += 1
                 if (self._wall_med is None and len(self.wall) >= self.min_points) or self._wall_age >= 8:
-                    self._wall_med, self._wall_age = median(list(self.wall)), 0
-                    self._ok = None
-                    self._limits()
+                    self._wall_med, self._wall_age = median(self.wall), 0
             elif excuse is not None:
-                ev = {"excused": {"step": step, "why": excuse, "seconds": fin(w - pw)}}
+                ev = {"excused": {"step": step, "why": excuse, "seconds": finite(w - pw)}}
         if st is not None and st >= 0:
             med = self._step_med
             if med is not None and med > 0:
@@ -253,24 +177,17 @@ class Stall(EpisodeDetector):
                 self.steps.append(st)
                 self._step_age += 1
                 if (self._step_med is None and len(self.steps) >= self.min_points) or self._step_age >= 8:
-                    self._step_med, self._step_age = median(list(self.steps)), 0
-                    self._ok = None
-                    self._limits()
+                    self._step_med, self._step_age = median(self.steps), 0
         if self._wall_med is None and self._step_med is None:
             return Assessment(warming_up=True, evidence={"points": max(len(self.wall), len(self.steps))})
-        if not found and ev is None and self._ok is not None:
-            return self._ok  # the healthy answer, rebuilt only when a median moves
         ev = ev or {}
-        ev.update({"median_step_s": fin(self._wall_med if self._wall_med is not None else self._step_med), "k": self.k,
+        ev.update({"median_step_s": finite(self._wall_med if self._wall_med is not None else self._step_med), "k": self.k,
                    "min_stall_s": self.min_stall_s})
         if not found:
-            a = Assessment(level=0, evidence=ev)
-            if "excused" not in ev:
-                self._ok = a
-            return a
+            return Assessment(level=0, evidence=ev)
         clock, per, med, extra = max(found, key=lambda f: f[3])
-        ev.update({"clock": clock, "seconds_per_step": fin(per), "median_step_s": fin(med), "ratio": fin(per / med),
-                   "stall_s": fin(round(extra, 1)), "from_step": prev, "to_step": step,
+        ev.update({"clock": clock, "seconds_per_step": finite(per), "median_step_s": finite(med), "ratio": finite(per / med),
+                   "stall_s": finite(round(extra, 1)), "from_step": prev, "to_step": step,
                    "advice": ("A step took far longer than the run's usual: look for NCCL or socket timeouts at the "
                               "weight sync, a vLLM server that stopped answering (completions past max_model_len), "
                               "or one rank waiting on another; NCCL_DEBUG=INFO and py-spy dump show where it waits.")})
@@ -280,14 +197,6 @@ class Stall(EpisodeDetector):
         return (f"Training stalled between steps {evidence.get('from_step')} and {evidence.get('to_step')}: about "
                 f"{evidence.get('stall_s')} s more than the run's median of {evidence.get('median_step_s')} s per step "
                 f"({evidence.get('clock')}). Check the weight sync, the generation server and the other ranks.")
-
-
-def _median(vals: deque[float]) -> float:
-    """``median(list(vals))`` of a non-empty window, without the copies (this runs every few points)."""
-    s = sorted(vals)
-    n = len(s)
-    mid = n // 2
-    return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
 def _every(cfg: Mapping[str, Any], strategy: str, steps: str) -> int | None:

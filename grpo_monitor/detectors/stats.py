@@ -15,7 +15,6 @@ plain Python because numpy's per-call overhead dominates below a few dozen value
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
 from collections import deque
@@ -42,42 +41,6 @@ def mad_sigma(values: Sequence[float], center: float | None = None) -> float:
     """Robust standard deviation: 1.4826 x the median absolute deviation."""
     c = median(values) if center is None else center
     return MAD_SCALE * median([abs(v - c) for v in values])
-
-
-def _kth_deviation(s: Sequence[float], p: int, center: float, k: int) -> float:
-    """The ``k``-th smallest (from 0) of ``|v - center|`` over sorted ``s``, where ``s[:p]`` lie below
-    ``center``: a selection from two ascending runs (``center - s[p-1-j]`` and ``s[p+j] - center``) by
-    bisection, without building either. Each deviation is the very float ``abs(v - center)`` gives."""
-    lb = len(s) - p
-    lo = k + 1 - lb if k + 1 > lb else 0
-    hi = k + 1 if k + 1 < p else p
-    while lo < hi:  # the number of the k + 1 smallest taken from below the center
-        i = (lo + hi) // 2
-        if center - s[p - 1 - i] < s[p + k - i] - center:
-            lo = i + 1
-        else:
-            hi = i
-    a = center - s[p - lo] if lo > 0 else -math.inf
-    b = s[p + k - lo] - center if lo <= k else -math.inf
-    return a if a > b else b
-
-
-def mad_of_sorted(s: Sequence[float], center: float) -> float:
-    """Median absolute deviation from ``center`` of an ascending, non-empty sequence: exactly
-    ``median([abs(v - center) for v in s])``, in O(log n) after the sort the caller already made.
-
-    >>> s = [1.0, 2.0, 2.5, 4.0, 9.0]
-    >>> mad_of_sorted(s, 2.5) == median([abs(v - 2.5) for v in s])
-    True
-    """
-    n = len(s)
-    if n == 0:
-        raise ValueError("median of an empty sequence")
-    p = bisect.bisect_left(s, center)
-    mid = n // 2
-    if n % 2:
-        return _kth_deviation(s, p, center, mid)
-    return 0.5 * (_kth_deviation(s, p, center, mid - 1) + _kth_deviation(s, p, center, mid))
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -324,28 +287,14 @@ class Window:
         return len(self.values)
 
     def last(self, k: int) -> list[float]:
-        n = len(self.values)
-        if k >= n:
-            return list(self.values)
-        return [self.values[i] for i in range(n - k, n)]
+        """The last ``k`` values, oldest first."""
+        return list(self.values)[-k:] if k > 0 else []
 
     def recent_median(self, k: int) -> float | None:
-        # ``median(self.last(k))`` without the intermediate calls: detectors ask this every step.
-        vals = self.values
-        n = len(vals)
-        if k >= n:
-            if not n:
-                return None
-            s = sorted(vals)
-        elif k == 1:
-            return vals[-1]
-        elif k <= 0:
+        """Median of the last ``k`` values (None when there are none)."""
+        if k <= 0 or not self.values:
             return None
-        else:
-            s = sorted([vals[i] for i in range(n - k, n)])
-            n = k
-        mid = n // 2
-        return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
+        return median(self.last(k))
 
     @property
     def maxlen(self) -> int:
@@ -377,13 +326,6 @@ def rounded(x: float | None, digits: int = 4) -> float | None:
     return r if math.isfinite(r) else x  # rounding up near the float maximum would overflow
 
 
-def fin(x: float | None) -> float | None:
-    """The value when finite, else None: the cheap per-step form; ``tidy`` rounds for display."""
-    if x is None or not -math.inf < x < math.inf:
-        return None
-    return x
-
-
 def tidy(obj: object, digits: int = 4) -> object:
     """Evidence made JSON-safe and readable: floats to ``digits`` significant digits, non-finite
     floats to None, tuples to lists, recursively.
@@ -399,3 +341,37 @@ def tidy(obj: object, digits: int = 4) -> object:
         return [tidy(v, digits) for v in obj]
     return obj
 
+
+class StepClock:
+    """The typical spacing of logged points, so persistence can be asked for in points that mean the same
+    on fine (every step) and coarse (every 5-10 steps) logs.
+
+    >>> c = StepClock()
+    >>> for s in (10, 20, 30, 40):
+    ...     c.tick(s)
+    >>> c.gap, c.points(fine=3, coarse=2)
+    (10, 2)
+    """
+
+    def __init__(self) -> None:
+        self.steps: deque[int] = deque(maxlen=9)
+
+    def tick(self, step: int) -> None:
+        if not self.steps or step > self.steps[-1]:
+            self.steps.append(step)
+
+    @property
+    def gap(self) -> int:
+        """Mean steps per logged point over the last few points (a mean, not a median: logs that come in
+        bursts with long holes cover training sparsely even if most gaps are 1)."""
+        s = self.steps
+        return 1 if len(s) < 2 else max(1, round((s[-1] - s[0]) / (len(s) - 1)))
+
+    def points_for(self, steps: int, minimum: int = 1) -> int:
+        """Logged points covering about ``steps`` training steps, at least ``minimum``."""
+        return max(minimum, math.ceil(steps / max(self.gap, 1)))
+
+    def points(self, fine: int = 3, coarse: int = 2) -> int:
+        """``fine`` points on logs of every step or two, ``coarse`` on sparser logs (each point there
+        already averages several steps, so one-step spikes are diluted)."""
+        return fine if self.gap <= 2 else coarse

@@ -18,15 +18,13 @@ newest saved *before* it; the onset is that step, which is what the restart's ch
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Metrics, Sample, finite
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
-from grpo_monitor.detectors.signals import fair_sample, sample_top_word_share
-from grpo_monitor.detectors.stats import Window, fin, median
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
+from grpo_monitor.detectors.signals import fair_sample, get, sample_top_word_share
+from grpo_monitor.detectors.stats import Window, median
 
 # What the recommendation calls the change (not a GRPO variant: the run's own settings, resumed earlier).
 REMEDY = "lower_learning_rate"
@@ -34,9 +32,6 @@ REMEDY = "lower_learning_rate"
 # The precursor metrics watched beside the reward.
 _SERIES = ("kl", "entropy", "grad_norm", "completions/clipped_ratio", "frac_reward_zero_std", "learning_rate",
            "completions/mean_length")
-_FLOATS = {float}
-_FLUSH_AT = 256
-_HALF_SQRT_PI = math.sqrt(math.pi) / 2
 
 
 def lowered_learning_rate(config: Mapping[str, Any] | None, factor: float = 10.0, jump: float = 1.0) -> float | None:
@@ -106,7 +101,7 @@ class _Series:
         return out
 
 
-class SuddenCollapse(EpisodeDetector):
+class SuddenCollapse(Detector):
     """Reward falling sharply below its running best, fast, and staying there.
 
     Parameters: ``z`` (the crash line lies at least this many noise units below the best),
@@ -145,6 +140,7 @@ class SuddenCollapse(EpisodeDetector):
         self.rewards = Window(self.window)  # healthy points only
         # The best is the running maximum of a five-point median: a spike of one or two points does not set it.
         self.first: list[float] = []
+        self.last5: deque[float] = deque(maxlen=5)
         self.best: float | None = None
         self.best_step: int | None = None
         self.healthy_step: int | None = None  # last step above the crash line
@@ -155,38 +151,11 @@ class SuddenCollapse(EpisodeDetector):
         self.sudden = False
         self.pre_level: float | None = None
         self.degenerating = False
-        self._sigma: float | None = None
+        # The noise estimate, worked out again every four healthy points (``_sigma_at``: healthy points then).
+        self._sigma = 0.0
         self._sigma_at = -1
-        # The noise estimate falls due every few healthy points but is worked out only when read: a
-        # point far above the crash line's lowest possible place needs no exact line.
-        self._sigma_stale = False
         self._pushes = 0
-        # The healthy rewards, a few more than the window: a late reading of the noise estimate sees
-        # the window as it stood when the estimate fell due.
-        self._hist: deque[float] = deque(maxlen=self.window + 8)
-        # ``best`` less the least drop the line can ask for, whatever the noise (kept per best).
-        self._floor_for: float | None = None
-        self._floor = -math.inf
-        # The step-to-step differences of the healthy rewards, in arrival order and sorted. The noise
-        # estimate reads them sorted every few points, so they catch up with the window only then.
-        self._diffs: deque[float] = deque()
-        self._diffs_sorted: list[float] = []
-        self._diffs_at = 0  # healthy points they cover
-        self._start: float | None = None  # the median of the first three rewards
-        self.last5: deque[float] = deque(maxlen=5)
-        # ``_need``'s answer, kept until the best or the noise estimate changes.
-        self._need_for: tuple[float | None, int] | None = None
-        self._need_val = (0.0, 0.0, 0.0)
-        size = self.window
-        self.series = {k: _Series(size) for k in _SERIES}
-        # The series' windows, unpacked for the loops that fill them.
-        self._series_q = [(x.recent.steps, x.recent.values, x.healthy.steps, x.healthy.values)
-                          for x in self.series.values()]
-        # The precursors are read only when the reward falls, so a healthy step just notes its raw values
-        # (one tuple) and they join the windows in bulk: every ``_FLUSH_AT`` points, or before a read.
-        self._rows: list[tuple[Any, ...]] = []
-        self._row_steps: list[int] = []
-        self._ready = False
+        self.series = {k: _Series(self.window) for k in _SERIES}
         self.rep_recent: float | None = None
         self.lr_jump = 1.0
         self.noise_limited = False
@@ -194,164 +163,48 @@ class SuddenCollapse(EpisodeDetector):
     # -- statistics -------------------------------------------------------------------------------
 
     def _noise(self) -> float:
-        """Robust step-to-step noise of the healthy reward (due every few healthy points, at ``_sigma_at``)."""
-        if self._sigma_stale:
-            if self._sigma_at != self._diffs_at:
-                self._sync_diffs()
-            diffs = self._diffs_sorted
-            if diffs:
-                # The mean absolute difference of two independent normal draws is 2 sigma / sqrt(pi). Its
-                # top tenth is trimmed (spikes); unlike a median it does not jump on coarse rewards (k/8).
-                k = max(1, math.ceil(0.9 * len(diffs)))
-                self._sigma = sum(diffs[:k]) / k * _HALF_SQRT_PI
-            else:
-                self._sigma = 0.0
-            self._sigma_stale = False
-        return self._sigma or 0.0
+        """Robust step-to-step noise of the healthy reward window."""
+        v = list(self.rewards.values)
+        diffs = sorted(abs(b - a) for a, b in zip(v, v[1:]))
+        if not diffs:
+            return 0.0
+        # The mean absolute difference of two independent normal draws is 2 sigma / sqrt(pi). Its top
+        # tenth is trimmed (spikes); unlike a median it does not jump on coarse rewards (k/8).
+        k = max(1, math.ceil(0.9 * len(diffs)))
+        return sum(diffs[:k]) / k * math.sqrt(math.pi) / 2
 
-    def _need(self, best_now: float | None) -> tuple[float, float, float]:
-        """(drop needed below ``best_now``, noise, scale). A reward too noisy for the line to sit within
-        the reward's own scale gets the line at a fifth of it, and then only a changed text confirms."""
-        sigma = self._noise()
-        key = (best_now, self._sigma_at)
-        first = self.first
-        if key == self._need_for and len(first) >= 3:
-            return self._need_val
-        best = best_now or 0.0
-        if len(first) >= 3:  # fixed from here on
-            start = self._start
-            if start is None:
-                start = self._start = median(first)
-        else:
-            start = median(first) if first else best
+    def _need(self, best: float) -> tuple[float, float, float]:
+        """(drop needed below ``best``, noise, scale). A reward too noisy for the line to sit within the
+        reward's own scale gets the line at 0.8 of it, and then only a changed text confirms."""
+        sigma = self._sigma
+        start = median(self.first) if self.first else best
         scale = max(best - start, abs(best))
         need = max(self.z * sigma, self.drop_frac * scale, 1e-9)
         self.noise_limited = need > 0.8 * scale
-        self._need_for = key
-        self._need_val = (min(need, 0.8 * scale) if self.noise_limited and scale > 0 else need), sigma, scale
-        return self._need_val
-
-    def _flush(self) -> None:
-        """The noted healthy points join the series' windows, as pushing them one by one would."""
-        rows, steps = self._rows, self._row_steps
-        if not rows:
-            return
-        n = len(rows)
-        for (rs, rv, hs, hv), col in zip(self._series_q, zip(*rows)):
-            if col[0] is None and col.count(None) == n:  # not logged
-                continue
-            # The windows keep only their newest points: when those are all plain finite floats, they
-            # are exactly what pushing every point would leave (older points, kept or skipped, fall out).
-            k = max(rv.maxlen, hv.maxlen)
-            tail = col[-k:]
-            if set(map(type, tail)) == _FLOATS:
-                s = sum(tail)
-                if s - s == 0.0:  # all finite (an overflowing sum only takes the long way)
-                    tail_steps = steps[-k:]
-                    rs.extend(tail_steps)
-                    rv.extend(tail)
-                    hs.extend(tail_steps)
-                    hv.extend(tail)
-                    continue
-            for st, v in zip(steps, col):
-                if v.__class__ is not float:
-                    v = finite(v)
-                    if v is None:
-                        continue
-                elif not v - v == 0.0:
-                    continue
-                rs.append(st)
-                rv.append(v)
-                hs.append(st)
-                hv.append(v)
-        self._rows = []
-        self._row_steps = []
-
-    def _sync_diffs(self) -> None:
-        """The differences of the window's consecutive rewards, brought up to where the window stood
-        when the noise estimate fell due (``_sigma_at`` healthy points)."""
-        at = self._sigma_at
-        k = at - self._diffs_at
-        if not k:
-            return
-        lag = self._pushes - at
-        if lag:
-            h = self._hist
-            end = len(h) - lag
-            vals = [h[i] for i in range(end - min(at, self.window), end)]
-        else:
-            vals = self.rewards.values
-        m = len(vals)
-        dq, ds = self._diffs, self._diffs_sorted
-        if k >= m:  # no point from before is left: start over from the window
-            v = list(vals)
-            new = [abs(b - a) for a, b in zip(v, v[1:])]
-            dq.clear()
-            dq.extend(new)
-            ds[:] = sorted(new)
-        else:
-            new = [abs(vals[i] - vals[i - 1]) for i in range(m - k, m)]
-            dq.extend(new)
-            for _ in range(len(dq) - (m - 1)):  # those of points that left the window
-                del ds[bisect_left(ds, dq.popleft())]
-            ds.extend(new)
-            ds.sort()  # a sorted run and a few points: cheap, and all floats compare fast
-        self._diffs_at = at
+        if self.noise_limited and scale > 0:
+            need = min(need, 0.8 * scale)
+        return need, sigma, scale
 
     # -- per step ---------------------------------------------------------------------------------
 
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        return SuddenCollapse._step(self, step, metrics, samples, False)  # type: ignore[no-any-return]
-
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None, book: bool = True) -> Any:
-        # One body for the assessment (``book`` False: ``_assess``, which subclasses build on) and the
-        # whole step (True: booked as ``EpisodeDetector._step`` would, in one call, for the engine,
-        # ``update`` and replays): this runs at every step of the run.
-        r = metrics.get("reward")
-        if r.__class__ is not float:
-            r = finite(r)
-            if r is None:
-                return NOTHING if book else None
-        elif not r - r == 0.0:  # NaN or inf
-            return NOTHING if book else None
-        first = self.first
-        if len(first) < 3:
-            first.append(r)
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        r = get(metrics, "reward")
+        if r is None:
+            return None
+        if len(self.first) < 3:
+            self.first.append(r)
         best = self.best
-        # Ready for good once it is: the healthy window only grows and the best is never unset.
-        ready = self._ready
-        if not ready and best is not None and len(self.rewards.values) >= self.min_points:
-            ready = self._ready = True
-        exact = True
-        if not ready:
+        ready = best is not None and len(self.rewards) >= self.min_points
+        if ready:
+            if self._pushes - self._sigma_at >= 4:
+                self._sigma, self._sigma_at = self._noise(), self._pushes
+            need, sigma, scale = self._need(best)
+            line = best - need
+        else:
             need = sigma = scale = 0.0
             line = -math.inf
-            below = False
-        else:
-            if self._pushes - self._sigma_at >= 4:
-                self._sigma_at = self._pushes
-                self._sigma_stale = True
-            if best != self._floor_for:
-                self._floor_for = best
-                start = self._start
-                if start is None:
-                    start = self._start = median(first)
-                scale = max(best - start, abs(best))
-                # ``_need`` never asks for less than this (a noise-limited line sits at 0.8 of the scale).
-                self._floor = best - min(max(self.drop_frac * scale, 1e-9), 0.8 * scale)
-            if r >= self._floor:  # at or above the highest the line can be: healthy, whatever the noise
-                exact = False
-                below = False
-            else:
-                nf = self._need_for
-                if nf is not None and nf[0] == best and nf[1] == self._sigma_at:
-                    need, sigma, scale = self._need_val  # ``_need()`` would answer from its cache
-                else:
-                    need, sigma, scale = self._need(best)
-                line = best - need
-                below = r < line
+        below = r < line
         if below:
-            self._flush()
             if not self.crash_n:
                 self.crash_first = step
                 # Sudden: within ``max_crash_steps`` before the first point below the line, the reward
@@ -365,16 +218,6 @@ class SuddenCollapse(EpisodeDetector):
                 self.degenerating = self._degenerating(step - limit)
             self.crash.append((step, r))
             self.crash_n += 1
-            for key, (rs, rv, _, _) in zip(_SERIES, self._series_q):
-                v = metrics.get(key)
-                if v.__class__ is not float:
-                    v = finite(v)
-                    if v is None:
-                        continue
-                elif not v - v == 0.0:
-                    continue
-                rs.append(step)
-                rv.append(v)
         else:
             if self.crash_n:
                 self.crash.clear()
@@ -382,66 +225,38 @@ class SuddenCollapse(EpisodeDetector):
                 self.crash_first = None
                 self.sudden = False  # set only on a point below the line
             self.healthy_step = step
-            w = self.rewards
-            w.steps.append(step)
-            w.values.append(r)
+            self.rewards.push(step, r)
             self._pushes += 1
-            self._hist.append(r)
-            last5 = self.last5
-            last5.append(r)
-            # The five-point median can pass the best only on a point above it: the previous five held
-            # at most two points above the best (their median was at most the best then, which is at
-            # most the best now), and a point at or below the best adds none.
-            if len(last5) >= 5 and (best is None or r > best):
-                level = sorted(last5)[2]  # the median of the five
-                if best is None or level > best:
+            self.last5.append(r)
+            if len(self.last5) >= 5:
+                level = median(self.last5)
+                if self.best is None or level > self.best:
                     self.best, self.best_step = level, step
-            g = metrics.get
-            rows = self._rows
-            rows.append((g("kl"), g("entropy"), g("grad_norm"), g("completions/clipped_ratio"),  # as in _SERIES
-                         g("frac_reward_zero_std"), g("learning_rate"), g("completions/mean_length")))
-            self._row_steps.append(step)
-            if len(rows) >= _FLUSH_AT:
-                self._flush()
+        for key, series in self.series.items():
+            series.push(step, get(metrics, key), healthy=not below)
         if below and samples:
             # Read the text only while the reward is down: healthy steps stay cheap.
             self.rep_recent = single_token_share(samples)
         if not ready:
-            a = Assessment(warming_up=True, evidence={"reward": fin(r), "points": len(self.rewards)})
-            return self._conclude(step, a) if book else a
-        if not self.crash_n:
-            if not exact:
-                a = (_unjudged_evidence, self, r, self.best, self.best_step, best)
-                if not book:
-                    return a
-                if not (self.in_episode or self._pending) and self.state == "ok":
-                    self._evidence = a
-                    return NOTHING
-                return self._conclude(step, a)
-            a = (_healthy_evidence, self, r, self.best, self.best_step, line, sigma, scale)
-            if not book:
-                return a
-            if not (self.in_episode or self._pending) and self.state == "ok":
-                self._evidence = a
-                return NOTHING
-            return self._conclude(step, a)
+            return Assessment(warming_up=True, evidence={"reward": r, "points": len(self.rewards)})
         ev = self._evidence_of(r, self.best, self.best_step, line, sigma, scale)
+        if not self.crash_n:
+            return Assessment(0, ev)
         if not self.sudden or self.degenerating:
             ev["decline"] = "after_degeneration" if self.sudden else "gradual"
-            a = Assessment(level=0, evidence=ev)
-            return self._conclude(step, a) if book else a
+            return Assessment(0, ev)
         last = self.healthy_step
         ev["last_healthy_step"] = last
         ev["crash_points"] = self.crash_n
         ev["crash_steps"] = [s for s, _ in self.crash]
-        ev["crash_rewards"] = [fin(v) for _, v in self.crash]
-        ev["best_just_before_crash"] = fin(self.pre_level)
+        ev["crash_rewards"] = [v for _, v in self.crash]
+        ev["best_just_before_crash"] = finite(self.pre_level)
         precursors = self._precursors(ev, last)
         ev["precursors"] = precursors
         new_lr = lowered_learning_rate(self.context.config, self.lr_factor, self.lr_jump)
         if new_lr is not None:
             ev["remedy"] = REMEDY
-            ev["learning_rate"] = {"configured": fin(self.context.config.get("learning_rate")), "recommended": new_lr}
+            ev["learning_rate"] = {"configured": finite(self.context.config.get("learning_rate")), "recommended": new_lr}
         # One point below the line is first evidence only when the text changed with the score (the
         # cap, entropy far off its level, one repeated token), with all-alike groups or two such signs:
         # a batch of hard prompts scores low with ordinary text. Two points in a row confirm.
@@ -458,20 +273,19 @@ class SuddenCollapse(EpisodeDetector):
         else:
             level = 0
         onset = last if last is not None else self.crash_first
-        a = Assessment(level=level, evidence=ev, onset_step=onset if level else None)
-        return self._conclude(step, a) if book else a
+        return Assessment(level=level, evidence=ev, onset_step=onset if level else None)
 
     def _evidence_of(self, r: float, best: float | None, best_step: int | None, line: float, sigma: float,
                      scale: float) -> dict[str, Any]:
         return {
-            "reward": fin(r),
-            "running_best": fin(best),
+            "reward": finite(r),
+            "running_best": finite(best),
             "running_best_step": best_step,
-            "crash_line": fin(line),
-            "noise_sigma": fin(sigma),
+            "crash_line": finite(line),
+            "noise_sigma": finite(sigma),
             "z": self.z,
             "drop_frac": self.drop_frac,
-            "reward_scale": fin(scale),
+            "reward_scale": finite(scale),
         }
 
     def _degenerating(self, step: int) -> bool:
@@ -498,14 +312,14 @@ class SuddenCollapse(EpisodeDetector):
             self.lr_jump = peak / base if peak >= 5 * base else 1.0
             if peak >= 5 * base:
                 out.append("learning_rate_jump")
-                ev["learning_rate_jump"] = {"healthy": fin(base), "peak": fin(peak), "ratio": fin(peak / base)}
+                ev["learning_rate_jump"] = {"healthy": finite(base), "peak": finite(peak), "ratio": finite(peak / base)}
         g = s["grad_norm"]
         base = g.base()
         if base and base > 0 and len(g.recent):
             peak = max(g.recent.values)
             if peak >= 10 * base:
                 out.append("grad_norm_spike")
-                ev["grad_norm"] = {"healthy_median": fin(base), "recent_max": fin(peak), "ratio": fin(peak / base)}
+                ev["grad_norm"] = {"healthy_median": finite(base), "recent_max": finite(peak), "ratio": finite(peak / base)}
         k = s["kl"]
         base = k.base()
         if base is not None and len(k.recent) >= 3:
@@ -514,15 +328,15 @@ class SuddenCollapse(EpisodeDetector):
             jump = vals[-1] >= 10 * max(base, 1e-12)
             if jump or (growing and len(vals) >= 4 and (vals[-1] - vals[-2]) > (vals[1] - vals[0]) > 0):
                 out.append("kl_growing")
-                ev["kl"] = {"healthy_median": fin(base), "recent": [fin(v) for v in vals]}
+                ev["kl"] = {"healthy_median": finite(base), "recent": [finite(v) for v in vals]}
         e = s["entropy"]
         base = e.base()
         before = e.last_healthy()
         if base is not None and base > 0 and len(e.recent) and before is not None and before > 0:
             now = e.recent.values[-1]
             ratio, step_ratio = now / base, now / before
-            ev["entropy"] = {"healthy_median": fin(base), "last_healthy": fin(before), "latest": fin(now),
-                             "ratio": fin(ratio)}
+            ev["entropy"] = {"healthy_median": finite(base), "last_healthy": finite(before), "latest": finite(now),
+                             "ratio": finite(ratio)}
             # Moved against its level and at the crash itself (a long-collapsed entropy is not news).
             if (ratio >= 2.0 or ratio <= 0.5) and (step_ratio >= 1.5 or step_ratio <= 1 / 1.5):
                 out.append("entropy_moved")
@@ -531,7 +345,7 @@ class SuddenCollapse(EpisodeDetector):
         before = c.last_healthy()
         if base is not None and len(c.recent) and before is not None:
             now = c.recent.values[-1]
-            ev["clipped_ratio"] = {"healthy_median": fin(base), "last_healthy": fin(before), "latest": fin(now)}
+            ev["clipped_ratio"] = {"healthy_median": finite(base), "last_healthy": finite(before), "latest": finite(now)}
             rise = max(0.3, 0.5 * (1.0 - base))
             if now >= base + rise and now >= before + 0.5 * rise:
                 out.append("completions_to_cap")
@@ -539,11 +353,11 @@ class SuddenCollapse(EpisodeDetector):
         before = z.last_healthy()
         if len(z.recent):
             now = z.recent.values[-1]
-            ev["frac_reward_zero_std"] = fin(now)
+            ev["frac_reward_zero_std"] = finite(now)
             if now >= 0.9 and (before is None or before < 0.9):
                 out.append("all_groups_alike")
         if self.rep_recent is not None:
-            ev["one_repeated_token_share"] = fin(self.rep_recent)
+            ev["one_repeated_token_share"] = finite(self.rep_recent)
             if self.rep_recent >= 0.5:
                 out.append("one_repeated_token")
         return out
@@ -580,14 +394,3 @@ _PHRASES = {
     "all_groups_alike": "every group scoring alike",
     "one_repeated_token": "completions of one repeated token",
 }
-
-
-def _healthy_evidence(det: SuddenCollapse, *args: Any) -> dict[str, Any]:
-    return det._evidence_of(*args)
-
-
-def _unjudged_evidence(det: SuddenCollapse, r: float, best: float | None, best_step: int | None,
-                       best_then: float) -> dict[str, Any]:
-    # Read before the detector's next step, so the noise estimate due then is still the one to read.
-    need, sigma, scale = det._need(best_then)
-    return det._evidence_of(r, best, best_step, best_then - need, sigma, scale)

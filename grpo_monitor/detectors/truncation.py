@@ -23,15 +23,13 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.detectors.base import Finding, Metrics, Sample
-from grpo_monitor.detectors.episode import NOTHING, Assessment, EpisodeDetector, check_float, check_int
+from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import fair_sample, get, reward_names_in, sample_reward
-from grpo_monitor.detectors.stats import fin, mad_sigma, median
+from grpo_monitor.detectors.stats import mad_sigma, median
 
 RAISE_CAP = "raise_max_completion_length"
 MASK = "mask_truncated_completions"
 _KEY = "completions/clipped_ratio"
-_OK = Assessment(level=0, evidence={"truncation": "low"})
 _WINDOW = 16
 
 
@@ -40,7 +38,7 @@ def _int_setting(config: Mapping[str, Any] | None, name: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
-class Truncation(EpisodeDetector):
+class Truncation(Detector):
     """A rising or large share of completions cut at the length cap, with a reward component falling.
 
     Parameters: ``level`` (a truncated share at or above it counts when it has risen ``rise`` above
@@ -87,11 +85,9 @@ class Truncation(EpisodeDetector):
         self.cap = _int_setting(cfg, "max_completion_length")
         self.masked = cfg.get("mask_truncated_completions") is True
         self.confirm_points, self.confirm_steps = self.persist_points, self.persist_steps
-        # The truncated share of the last points, and how many of them reach ``level``: while fewer than
-        # two do, no median over them can, and the step ends there.
+        # The truncated share of the last points.
         self.cuts: deque[float] = deque(maxlen=_WINDOW)
         self.cut_steps: deque[int] = deque(maxlen=_WINDOW)
-        self.n_high = 0
         self.early: list[float] = []
         # Each logged point's metrics: the recent ones, and those where little was truncated (the level
         # each reward component stood at before the cap started to bite).
@@ -105,50 +101,12 @@ class Truncation(EpisodeDetector):
 
     # -- per step ---------------------------------------------------------------------------------
 
-    def _step(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None) -> Sequence[Finding]:
-        # The common step, little truncated and outside any episode, whole in one call: what
-        # ``EpisodeDetector._step`` and ``_assess`` do for it, written out. Any other step goes the
-        # general way.
-        cr = metrics.get(_KEY)
-        if cr.__class__ is float and 0.0 <= cr <= 1.0 and not self.in_episode:
-            cuts = self.cuts
-            level = self.level
-            n_high = self.n_high
-            if len(cuts) == _WINDOW and cuts[0] >= level:
-                n_high -= 1
-            if cr >= level:
-                n_high += 1
-            if n_high < 2:
-                self.n_high = n_high
-                cuts.append(cr)
-                self.cut_steps.append(step)
-                self.recent.append(metrics)
-                if self.first_step is None:
-                    self.first_step = step
-                early = self.early
-                if len(early) < 8 and (not early or step - self.first_step < 20):
-                    early.append(cr)
-                if cr < 0.5 * level:
-                    self.low.append(metrics)
-                if self._pending or self.state != "ok":
-                    return self._conclude(step, _OK)
-                self._evidence = _OK.evidence
-                return NOTHING
-        return EpisodeDetector._step(self, step, metrics, samples)
-
-    def _assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        cr = metrics.get(_KEY)
-        if type(cr) is not float or not 0.0 <= cr <= 1.0:
-            cr = get(metrics, _KEY)
-            if cr is None or not 0.0 <= cr <= 1.0:
-                return None
-        cuts = self.cuts
-        if len(cuts) == _WINDOW and cuts[0] >= self.level:
-            self.n_high -= 1
-        cuts.append(cr)
+    def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
+        cr = get(metrics, _KEY)
+        if cr is None or not 0.0 <= cr <= 1.0:
+            return None
+        self.cuts.append(cr)
         self.cut_steps.append(step)
-        if cr >= self.level:
-            self.n_high += 1
         self.recent.append(metrics)
         if self.first_step is None:
             self.first_step = step
@@ -157,8 +115,8 @@ class Truncation(EpisodeDetector):
             self.early.append(cr)
         if cr < 0.5 * self.level:
             self.low.append(metrics)
-        if self.n_high < 2 and not self.in_episode:
-            return _OK
+        if sum(1 for c in self.cuts if c >= self.level) < 2 and not self.in_episode:
+            return Assessment(0, {"truncation": "low"})  # no median over the last points can reach the level
         # A coarse point already averages several steps: fewer points cover the same stretch of training.
         self.confirm_points = min(self.persist_points, max(2, -(-self.persist_steps // self.clock.gap) + 1))
         if samples and cr >= self.level:
@@ -190,7 +148,7 @@ class Truncation(EpisodeDetector):
         cuts = list(self.cuts)[-k:]
         r = median(cuts)
         e = median(self.early)
-        ev: dict[str, Any] = {"clipped_ratio": {"recent": fin(r), "early": fin(e), "points": len(cuts)},
+        ev: dict[str, Any] = {"clipped_ratio": {"recent": finite(r), "early": finite(e), "points": len(cuts)},
                               "level": self.level, "high": self.high, "masked": self.masked}
         if r >= self.total:
             ev["deferred_to"] = "no_learning_signal"
@@ -237,14 +195,14 @@ class Truncation(EpisodeDetector):
             return False
         gap = median([g for g, _ in self.gaps])
         scale = median([abs(d) for _, d in self.gaps])
-        ev["cut_vs_completed"] = {"reward_gap": fin(gap), "completed_reward": fin(scale), "batches": len(self.gaps)}
+        ev["cut_vs_completed"] = {"reward_gap": finite(gap), "completed_reward": finite(scale), "batches": len(self.gaps)}
         return gap >= max(0.2, 0.3 * scale)
 
     def _deferred(self, k: int, ev: dict[str, Any]) -> str | None:
         recent = list(self.recent)[-k:]
         zs = self._series(recent, "frac_reward_zero_std")
         if zs and median(zs) >= 0.9:
-            ev["frac_reward_zero_std"] = fin(median(zs))
+            ev["frac_reward_zero_std"] = finite(median(zs))
             return "no_learning_signal"
         # Entropy against its level while little was truncated (else the first points): truncation
         # that comes with entropy exploding or vanishing is that failure's symptom.
@@ -255,7 +213,7 @@ class Truncation(EpisodeDetector):
             hs = [h for h in self._series(recent, "entropy") if h > 0]
             if hs:
                 ratio = median(hs) / max(median(ref), 1e-12)
-                ev["entropy_ratio_to_early"] = fin(ratio)
+                ev["entropy_ratio_to_early"] = finite(ratio)
                 if ratio >= self.defer_high:
                     return "degenerate_long_cot"
                 if ratio <= self.defer_low:
@@ -280,8 +238,8 @@ class Truncation(EpisodeDetector):
             need = max(3.0 * noise, 0.15 * abs(pre), 0.05)
             if pre - cur >= need:
                 name = key[len("rewards/"):-len("/mean")] if key != "reward" else "reward"
-                out.append({"component": name, "before": fin(pre), "recent": fin(cur), "drop": fin(pre - cur),
-                            "threshold": fin(need)})
+                out.append({"component": name, "before": finite(pre), "recent": finite(cur), "drop": finite(pre - cur),
+                            "threshold": finite(need)})
         out.sort(key=lambda d: -(d["drop"] or 0.0))
         return out[:4]
 

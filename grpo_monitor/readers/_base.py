@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_monitor.detectors.base import RunContext
+from grpo_monitor.detectors.signals import reward_roles
 from grpo_monitor.core.metrics import normalize, normalize_metrics, reward_components, to_value
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -273,8 +274,7 @@ _STRINGS = {str}
 def guess_context(names: Iterable[str], logging_steps: int | None, steps: list[int]) -> RunContext:
     """The facts a foreign log reveals: reward components and the logging interval."""
     rewards = reward_components(list(names))
-    correctness = next((r for r in rewards if "correct" in r.lower() or "accura" in r.lower()), None)
-    fmt = next((r for r in rewards if "format" in r.lower()), None)
+    correctness, fmt = reward_roles(rewards)
     if not logging_steps or logging_steps < 1:
         logging_steps = infer_interval(steps)
     return RunContext(

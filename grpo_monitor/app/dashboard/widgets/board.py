@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, Static
 
-from grpo_monitor.detectors.base import DETECTOR_IDS
+from grpo_monitor.detectors import DETECTOR_IDS
 from grpo_monitor.app.dashboard.model import RunModel
 from grpo_monitor.app.dashboard.text import literal, one_line, visible
 from grpo_monitor.app.dashboard.widgets.common import STATE_ROLE, evidence_text, role_style, short

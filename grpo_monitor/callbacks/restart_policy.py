@@ -1,0 +1,82 @@
+"""Auto-restart: on a confirmed finding whose recommended change is new to the lineage, stop the run (on
+every rank at the same step), checkpoint, and write the restart plan the next segment starts from."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from grpo_monitor.callbacks.options import RestartOptions, SegmentPlace
+from grpo_monitor.core.catalogue import validate
+from grpo_monitor.core.recommend import recommend
+from grpo_monitor.core.restart import RestartPlan, choose_checkpoint, segment_dir, write_plan
+from grpo_monitor.detectors.base import Finding, RunContext
+
+logger = logging.getLogger("grpo_monitor")
+
+
+class RestartPolicy:
+    """Decides whether a step's findings stop the run, and builds the plan when they do."""
+
+    def __init__(self, options: RestartOptions, place: SegmentPlace, lineage_root: Path, run_id: str) -> None:
+        self.options = options
+        self.place = place
+        self.lineage_root = lineage_root
+        self.run_id = run_id
+        self.plan: RestartPlan | None = None
+
+    @property
+    def active(self) -> bool:
+        """Still watching: asked for, and not decided yet."""
+        return self.options.auto_restart and self.plan is None
+
+    def decide(self, args: Any, state: Any, findings: list[Finding], context: RunContext) -> RestartPlan | None:
+        """The plan for the first finding whose recommendation is a change not yet tried, within the budget."""
+        if self.place.restarts_done >= self.options.max_restarts:
+            return None
+        for f in findings:
+            rec = recommend(f.to_dict(), context.config, is_moe=context.is_moe, tried=list(self.place.tried))
+            if rec is not None:
+                return self._plan(args, state, f, rec)
+        return None
+
+    def _plan(self, args: Any, state: Any, finding: Finding, rec: dict[str, Any]) -> RestartPlan:
+        diff = validate(rec["config_overrides"])
+        place = self.place
+        nxt = place.segment + 1
+        output_dir = getattr(args, "output_dir", None)
+        # Each segment trains into <first output_dir>/segment-<n>, so no checkpoint is overwritten.
+        base_output = (Path(output_dir).parent if place.segment > 0 else Path(output_dir)) if output_dir else None
+        return RestartPlan(
+            segment=place.segment,
+            step=int(state.global_step),
+            variant=rec["variant"],
+            config_overrides=diff,
+            cumulative_overrides={k: v for k, v in {**place.applied_overrides, **diff}.items() if k != "output_dir"},
+            resume_from=choose_checkpoint(output_dir, finding.onset_step, int(state.global_step),
+                                          self.options.restart_from),
+            onset_step=finding.onset_step,
+            findings=[finding.to_dict()],
+            reasons=rec["reasons"],
+            tried=[*place.tried, rec["variant"]],
+            parent_run=self.run_id,
+            output_dir=output_dir,
+            next_run_dir=str(segment_dir(self.lineage_root, nxt)),
+            next_output_dir=str(Path(base_output) / f"segment-{nxt}") if base_output else None,
+            restarts_done=place.restarts_done + 1,
+        )
+
+    def stop(self, plan: RestartPlan, control: Any, run_dir: Path | None) -> dict[str, Any]:
+        """Stop with a checkpoint (every checkpoint is kept); on the main process (``run_dir`` given) write
+        the plan. Returns the run-log record of the restart."""
+        self.plan = plan
+        control.should_training_stop = True
+        control.should_save = True
+        if run_dir is not None:
+            write_plan(run_dir, plan)
+            logger.warning("grpo-monitor: stopping at step %d to restart with %s (%s); resume from %s",
+                           plan.step, plan.variant, plan.config_overrides, plan.resume_from or "the initial model")
+        return {"type": "restart", "step": plan.step, "variant": plan.variant,
+                "config_overrides": plan.config_overrides, "resume_from": plan.resume_from,
+                "child_run": Path(plan.next_run_dir).name, "reasons": plan.reasons}

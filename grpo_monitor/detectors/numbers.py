@@ -1,0 +1,43 @@
+"""One answer everywhere to "is this value a number": a bool is not one, a numeric string is (transformers
+prints values as strings), a NaN or an infinity is a number that is not finite. Readers, detectors and
+reports all coerce through these two functions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+
+def to_number(value: Any) -> float | None:
+    """A logged value as a float, NaN and infinities kept (they are evidence); None for a gap, a bool or
+    anything that is not a number.
+
+    >>> to_number("0.55"), to_number(" NaN "), to_number(True), to_number(None), to_number("n/a")
+    (0.55, nan, None, None, None)
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if not text or text.lower() in ("none", "null"):
+            return None
+    try:  # ints, strings, numpy scalars, 0-d tensors
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+    except OverflowError:  # an integer beyond float range (JSON allows it)
+        return math.inf if value > 0 else -math.inf
+
+
+def finite(value: Any) -> float | None:
+    """The value as a float when it is a finite number, else None (a gap, a non-finite value, a bool).
+
+    >>> finite(3), finite("2.5"), finite(float("inf")), finite(False)
+    (3.0, 2.5, None, None)
+    """
+    x = to_number(value)
+    return x if x is not None and math.isfinite(x) else None
