@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from grpo_monitor.readers import SourceError, detect_format, load_source
+from tests.conftest import SHARED
 
-WILD = Path(__file__).resolve().parents[2] / "shared" / "real-runs" / "wild"
+WILD = SHARED / "real-runs" / "wild"
 
 
 def write(tmp_path: Path, name: str, data: str | bytes) -> Path:
@@ -261,7 +262,7 @@ def test_a_log_with_two_trainings_reads_the_grpo_one(tmp_path):
 
 
 def test_python_api_takes_logging_steps(tmp_path):
-    from grpo_monitor import monitor
+    import grpo_monitor as monitor
 
     log = write(tmp_path, "train.log", "".join(trl_line(0.1, 0.5, 0.1 * k) + "\n" for k in range(1, 4)))
     assert list(monitor.load_run(log, logging_steps=5).index) == [5, 10, 15]
