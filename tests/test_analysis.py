@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor import monitor
+import grpo_monitor as monitor
 from grpo_monitor.fixtures.synthetic import generate
 from grpo_monitor.analysis.report import analyze, discover_runs, parse_mapping
 from grpo_monitor.core.runlog import RunWriter
@@ -214,7 +214,7 @@ def test_dashboard_says_it_cannot_judge_a_run_it_cannot_see(tmp_path):
 
 def test_a_loose_note_in_a_folder_of_runs_is_skipped_not_judged(tmp_path):
     """A README beside the logs whose one line happens to parse as a step is not a run."""
-    from grpo_monitor import monitor
+    import grpo_monitor as monitor
 
     rows = ["step,reward,entropy,completions/mean_length"] + [f"{s},{0.5 + 0.001 * s},{1.0 - 0.001 * s},100" for s in range(1, 41)]
     (tmp_path / "history.csv").write_text("\n".join(rows) + "\n")

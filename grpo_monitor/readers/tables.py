@@ -148,7 +148,7 @@ def html_tables(html: str, where: str, order: int = 0) -> list[Table]:
 
 
 _PIPES = str.maketrans({"│": "|", "┃": "|", "║": "|"})
-_RULE = re.compile(r"^[\s+|:=\-─━═┼╋╪╫┌┐└┘├┤┬┴┏┓┗┛┣┫┳┻╔╗╚╝╠╣╦╩╭╮╯╰]*$")
+_RULE = re.compile(r"^[\s+|:=\-\u2500-\u257f]*$")  # rules of dashes, equals signs and box-drawing characters
 _STEPLIKE = re.compile(r"(?i)(?<![\w/])(?:global[_ ]?step|step|iteration|iter|update|_step)(?![\w/])")
 _MAX_LINE = 4000
 
