@@ -139,7 +139,7 @@ def test_kaggle_log_reads_the_printed_dicts_of_its_records(tmp_path):
     assert src.format == "kaggle" and src.meta["console_format"] == "trl_console"
     assert [s for s, _ in src.steps] == list(range(1, 21))  # from the progress bar's position at each dict
     assert src.steps[-1][1]["reward"] == pytest.approx(0.5) and "entropy" in src.metric_names()
-    assert src.context.model["is_moe"] and "model_name_or_path=Qwen/Qwen3-30B-A3B" in src.context.model["source"]
+    assert src.context.model["is_moe"] and src.context.model["source"] == "the Kaggle log (model_name_or_path Qwen/Qwen3-30B-A3B)"
 
 
 # ----------------------------------------------------------------------- step-like indexes

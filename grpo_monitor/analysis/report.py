@@ -129,6 +129,7 @@ class RunReport:
             "judged_by": self.judged_by,
             "not_judged": self.not_judged,
             "metrics_found": self.metrics_found,
+            "model": dict(self.model),
         }
         if self.status:
             out["status"] = self.status
@@ -839,6 +840,15 @@ def coverage_lines(run: RunReport) -> list[str]:
     return out
 
 
+def model_line(model: Mapping[str, Any]) -> str:
+    """The model of a run and where it came from, in one line."""
+    name = model.get("name_or_path") or model.get("class") or "unknown"
+    if model.get("is_moe"):
+        layout = f"{model['num_experts']} experts, top-{model.get('top_k')}" if model.get("num_experts") else "by its id"
+        name += f" (mixture of experts: {layout})"
+    return f"{name}, from {model['source']}" if model.get("source") else name
+
+
 def verdict_line(run: RunReport) -> str:
     """The one line a dashboard or a table shows for a run's verdict."""
     text = VERDICT_TEXT.get(run.verdict, run.verdict.upper())
@@ -855,6 +865,8 @@ def render_text(report: Report) -> str:
         out.append(f"== {run.source}  ({seg}{run.format}, {run.steps} logged steps, {model})")
         if run.file and run.file != run.source:
             out.append(f"read: {run.file}")
+        if run.model.get("source"):  # model facts a reader or --model gave, not a run header's
+            out.append(f"model: {model_line(run.model)}")
         out.append(f"verdict: {verdict_line(run)}")
         if run.verdict == "cannot_judge":
             out.append(f"  {needs_text(run)}")

@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_monitor.core.model_config import MOE_MODEL_IDS, moe_from_model_id  # noqa: F401  (lint's MoE-by-id rule)
+from grpo_monitor.core.model_config import moe_from_model_id
 from grpo_monitor.detectors.base import Finding
 from grpo_monitor.preflight.memory import (
     DEFAULT_PROMPT_LENGTH,

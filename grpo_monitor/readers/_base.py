@@ -372,10 +372,9 @@ class Probe:
         return self.head.lstrip(_TEXT_START)
 
     def text(self) -> str:
-        """The whole file as text; a stray byte in a long log is replaced, not a reason to refuse it."""
+        """The whole file as text (``decode_text``), decoded once for every sniff and the read."""
         if self._text is None:
-            data = self.path.read_bytes()
-            self._text = (data[3:] if data.startswith(b"\xef\xbb\xbf") else data).decode("utf-8", "replace")
+            self._text = decode_text(self.path.read_bytes())
         return self._text
 
     @property
@@ -385,12 +384,7 @@ class Probe:
             self._first = None
             start = self.start
             if start[:1] == b"{":
-                from grpo_monitor.core.jsonparse import loads
-
-                try:
-                    self._first = loads(start.split(b"\n", 1)[0])
-                except (ValueError, RecursionError):
-                    pass
+                self._first = first_json_line(start.split(b"\n", 1)[0])
         return self._first
 
     @property
@@ -420,7 +414,7 @@ class Probe:
         if start[:1] == b"[":
             # "[INFO] ...", "[12/500] loss=...": a console log, not JSON.
             return "document" if _json_array_start(start) else "text"
-        return "text" if _decodes(head) else "undecodable"
+        return "text" if decode_head(head) is not None else "undecodable"
 
     def document(self) -> Any:
         """The parsed JSON document (``layout == "document"``), else None; a broken one raises ``SourceError``."""
@@ -438,22 +432,37 @@ def _json_array_start(text: bytes) -> bool:
     first = text.split(b"\n", 1)[0].strip()
     if first == b"[" or first[:2] in (b"[{", b"[[", b'["', b"[]") or first[:3] in (b"[ {", b"[ [", b'[ "'):
         return True
+    return first_json_line(first) is not None
+
+
+def first_json_line(line: bytes) -> Any:
+    """The JSON value on one line, or None when the line is not a complete JSON value."""
     from grpo_monitor.core.jsonparse import loads
 
     try:
-        loads(first)
+        return loads(line)
     except (ValueError, RecursionError):
-        return False
-    return True
+        return None
 
 
-def _decodes(head: bytes) -> bool:
+def decode_head(head: bytes) -> str | None:
+    """A file's first bytes as text, or None when they are not UTF-8."""
     head = head[3:] if head.startswith(b"\xef\xbb\xbf") else head
     try:
-        head.decode("utf-8")
+        return head.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return exc.start >= len(head) - 4  # a multi-byte character cut by the sniff window is fine
-    return True
+        if exc.start < len(head) - 4:  # a multi-byte character cut by the sniff window is fine
+            return None
+        return head[: exc.start].decode("utf-8", "ignore")
+
+
+def decode_text(data: bytes) -> str:
+    """Any bytes as text: a stray byte in a long console log is no reason to refuse it. Colours
+    stay: each reader strips them where they can stand in its way (a 100 MB log is not copied for
+    the two escapes around a warning)."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    return data.decode("utf-8", "replace")
 
 
 def parse_json(path: Path, data: bytes) -> Any:

@@ -39,6 +39,7 @@ from grpo_monitor.readers._base import (
     SourceError,
     StepTable,
     as_step,
+    decode_text,
     finish,
     guess_context,
 )
@@ -61,15 +62,6 @@ _BARE = re.compile(r"(?<=[:\[,(]\s)(-?inf|nan)(?=\s*[,}\])])")
 # as likely a printed config.
 _TRAIN_KEYS = frozenset({"loss", "epoch", "grad_norm", "reward", "entropy"})
 _TRAIN_PREFIXES = ("reward", "completion", "train_", "eval_", "entropy", "clip_ratio", "frac_reward")
-
-
-def decode_text(data: bytes) -> str:
-    """Any bytes as text: a stray byte in a long console log is no reason to refuse it. Colours
-    stay: each reader strips them where they can stand in its way (a 100 MB log is not copied for
-    the two escapes around a warning)."""
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    return data.decode("utf-8", "replace")
 
 
 def strip_ansi(text: str) -> str:
@@ -340,7 +332,8 @@ def _last_run(path: Path, found: Found, src: Source) -> Found:
 
 
 # A printed dict's own step field: TRL's spellings first, then any other step-like key.
-_DICT_STEPS = ("step", "global_step", "train/global_step", *(k for k in STEP_FIELDS if k not in ("step", "global_step", "train/global_step")))
+_TRL_STEPS = ("step", "global_step", "train/global_step")
+_DICT_STEPS = (*_TRL_STEPS, *(k for k in STEP_FIELDS if k not in _TRL_STEPS))
 
 
 def _step_of(d: dict[str, Any]) -> Any:
@@ -674,8 +667,7 @@ def _metric_blocks(text: str, enough: int | None = None) -> list[tuple[int | Non
                 flush()
                 pending = int(m.group("n1") or m.group("n2") or m.group("n3"))
             continue
-        rest = "".join(line[a.end():b.start()] for a, b in zip([_Start(0), *pairs], [*pairs, _Start(len(line))]))
-        if not _FILLER.match(_LEVEL.sub("", rest.lstrip())):
+        if not _FILLER.match(_LEVEL.sub("", _PAIR.sub(" ", line).lstrip())):
             continue  # prose with a number in it, not a metrics line
         for pm in pairs:
             name = _LEVEL.sub("", pm.group(1).strip())
@@ -693,19 +685,6 @@ def _metric_blocks(text: str, enough: int | None = None) -> list[tuple[int | Non
             current[name] = x
     flush()
     return records
-
-
-class _Start:
-    """A zero-width match at ``pos``: the text between pairs is sliced with real and sentinel matches alike."""
-
-    def __init__(self, pos: int) -> None:
-        self.pos = pos
-
-    def start(self) -> int:
-        return self.pos
-
-    def end(self) -> int:
-        return self.pos
 
 
 def _read_blocks(path: Path, blocks: list[tuple[int | None, dict[str, float]]], logging_steps: int | None) -> Source:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -175,9 +176,9 @@ def read_nested_columns(path: Path, runs: list[tuple[str, dict[str, list[Any]]]]
             f"{', ...' if len(parts) > 6 else ''}); each is a run of its own")
     for _, part in parts:
         part.warnings.append(note)
-    first.parts = parts
-    first.meta["runs_in_file"] = len(parts)
-    return first
+        part.meta["runs_in_file"] = len(parts)
+    # The file's source is its first run, holding all of them (a copy: no run holds itself).
+    return dataclasses.replace(first, warnings=list(first.warnings), meta=dict(first.meta), parts=parts)
 
 
 # ---------------------------------------------------------------------------------- readers
@@ -186,7 +187,7 @@ def read_nested_columns(path: Path, runs: list[tuple[str, dict[str, list[Any]]]]
 class LogHistoryReader(Reader):
     name = "log_history"
     formats = ("log_history",)
-    describes = "a JSON list of log_history dicts"
+    describes = "log_history JSON"
 
     def sniff(self, probe: Probe) -> str | None:
         return "log_history" if probe.layout == "document" and isinstance(probe.document(), list) else None

@@ -39,7 +39,7 @@ def read_kaggle(path: Path, records: list[Any], logging_steps: int | None = None
 class KaggleReader(Reader):
     name = "kaggle"
     formats = ("kaggle",)
-    describes = "a Kaggle log (JSON stream records)"
+    describes = "Kaggle log"
 
     def sniff(self, probe: Probe) -> str | None:
         return "kaggle" if probe.layout == "document" and is_kaggle_log(probe.document()) else None

@@ -23,9 +23,9 @@ from grpo_monitor.readers._base import Source, SourceError
 # bare word (``model_name = "policy"``) names nothing.
 _ID = r"['\"]?(?P<id>[\w.~-]*/[\w./~-]*[\w-])"
 _NAMED = re.compile(
-    r"(?<![\w.])(?:model_name_or_path|pretrained_model_name_or_path|model_name|model_id|base_model_name_or_path|"
+    r"(?<![\w.])(?P<key>model_name_or_path|pretrained_model_name_or_path|model_name|model_id|base_model_name_or_path|"
     r"base_model|actor_rollout_ref\.model\.path)['\"]?\s*[:=]\s*" + _ID)
-_LOADED = re.compile(r"\bfrom_pretrained\(\s*(?:model_name\s*=\s*)?" + _ID)
+_LOADED = re.compile(r"\b(?P<key>from_pretrained)\(\s*(?:model_name\s*=\s*)?" + _ID)
 # Printed configs come before training: the head of a long log is enough.
 _HINT_CHARS = 2_000_000
 
@@ -79,7 +79,7 @@ def model_in_text(text: str, where: str) -> dict[str, Any] | None:
     if m is None:
         return None
     model_id = m.group("id")
-    return facts_for_id(model_id, f"{where}: {m.group(0).strip()[:120]}")
+    return facts_for_id(model_id, f"{where} ({m.group('key')} {model_id})")
 
 
 def set_model(src: Source, facts: dict[str, Any] | None, *, override: bool = False) -> None:

@@ -85,7 +85,7 @@ def read_notebook(path: Path, obj: Any, logging_steps: int | None = None) -> Sou
 class NotebookReader(Reader):
     name = "notebook"
     formats = ("notebook",)
-    describes = "a notebook (.ipynb, or its outputs as JSON)"
+    describes = "notebook (.ipynb or its outputs)"
 
     def sniff(self, probe: Probe) -> str | None:
         if probe.layout != "document":

@@ -340,7 +340,7 @@ def read_printed(path: Path, text: str, logging_steps: int | None, label: str,
 class TableReader(Reader):
     name = "table"
     formats = ("table",)
-    describes = "a table of numbers with a step column (HTML, markdown, aligned)"
+    describes = "a table with a step column"
 
     def sniff(self, probe: Probe) -> str | None:
         if probe.layout != "text":

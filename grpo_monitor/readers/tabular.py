@@ -21,6 +21,7 @@ from grpo_monitor.readers._base import (
     SourceError,
     StepTable,
     as_step,
+    decode_head,
     finish,
     guess_context,
     plan_names,
@@ -32,14 +33,6 @@ PANDAS_FROM_CHARS = 4_000_000
 
 
 # --------------------------------------------------------------------------------------- JSONL
-
-
-def first_json_line(line: bytes) -> Any:
-    """The JSON value on one line, or None when the line is not a complete JSON value."""
-    try:
-        return loads(line)
-    except (ValueError, RecursionError):
-        return None
 
 
 def _lines(path: Path) -> tuple[list[bytes], bytes]:
@@ -147,16 +140,6 @@ def _short(value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------------- CSV
-
-
-def decode_head(head: bytes) -> str | None:
-    head = head[3:] if head.startswith(b"\xef\xbb\xbf") else head
-    try:
-        return head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if exc.start < len(head) - 4:  # a multi-byte character cut by the sniff window is fine
-            return None
-        return head[: exc.start].decode("utf-8", "ignore")
 
 
 def _header(text: str) -> tuple[list[str], str] | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.core.metrics import SUMMARY_KEYS
-from grpo_monitor.readers._base import (  # noqa: F401  (parse_json: read here before it moved to _base)
+from grpo_monitor.readers._base import (
     Normalizer,
     Probe,
     Reader,
