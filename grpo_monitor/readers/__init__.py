@@ -79,9 +79,11 @@ _LOADED: list[Reader] = []
 def readers() -> list[Reader]:
     """The readers, in ``READERS`` order (their modules are imported on first use)."""
     if not _LOADED:
+        loaded = []
         for spec in READERS:
             module, _, name = spec.partition(":")
-            _LOADED.append(getattr(importlib.import_module(f"{__name__}.{module}"), name)())
+            loaded.append(getattr(importlib.import_module(f"{__name__}.{module}"), name)())
+        _LOADED[:] = loaded  # whole, at once: a second thread asking meanwhile never sees half a list
     return _LOADED
 
 
