@@ -75,8 +75,9 @@ def load_run(path: str | os.PathLike[str], logging_steps: int | None = None,
     trackio run) as a DataFrame. ``logging_steps`` numbers a console log's dicts where the log does not say;
     ``mapping`` reads a column as a metric (``{"score_mean": "reward"}``), as ``analyze(..., mapping=)`` does.
 
-    A run directory that was restarted gives all its segments, one after the other, with a
-    ``segment`` column (0 for the first, as run headers and the ``segment-<n>/`` folders number
+    A file holding several runs (a results JSON with one run per arm) gives them one after the other,
+    with a ``run`` column naming each. A run directory that was restarted gives all its segments, one
+    after the other, with a ``segment`` column (0 for the first, as run headers and the ``segment-<n>/`` folders number
     them; the dashboard and ``analyze``'s report count segments from 1, so column value n is
     "segment n+1" there).
     """
@@ -100,4 +101,10 @@ def load_run(path: str | os.PathLike[str], logging_steps: int | None = None,
     from grpo_monitor.analysis.report import parse_mapping, prepare
     from grpo_monitor.readers import load_source
 
-    return prepare(load_source(path, logging_steps=logging_steps), parse_mapping(mapping)).frame()
+    src = load_source(path, logging_steps=logging_steps)
+    columns = parse_mapping(mapping)
+    if src.parts:  # one run per arm of a results file: one frame, a ``run`` column naming each
+        import pandas as pd
+
+        return pd.concat([prepare(part, columns).frame().assign(run=label) for label, part in src.parts])
+    return prepare(src, columns).frame()

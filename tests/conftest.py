@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+# The public runs beside the checkout; GRPO_MONITOR_SHARED points elsewhere (a checkout in another folder).
+SHARED = Path(os.environ.get("GRPO_MONITOR_SHARED") or ROOT.parent / "shared")
 
 # Deterministic and quiet CPU runs; the tiny models live in a cache the tests share.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

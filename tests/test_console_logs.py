@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from grpo_monitor.readers import SourceError, detect_format, load_source
+from tests.conftest import SHARED
 
-WILD = Path(__file__).resolve().parents[2] / "shared" / "real-runs" / "wild"
+WILD = SHARED / "real-runs" / "wild"
 
 
 def write(tmp_path: Path, name: str, data: str | bytes) -> Path:

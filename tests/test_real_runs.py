@@ -1,4 +1,5 @@
-"""The detectors on public GRPO runs (``../shared/real-runs``), against their labels.
+"""The detectors on public GRPO runs (``../shared/real-runs``), against their labels; and every file there
+read and judged by a failure detector, or saying precisely what it lacks (the folders' own notes).
 
 ``real-runs/*.trainer_state.json`` are replayed through the engine directly; every run in
 ``real-runs/wild/`` (console logs, JSON lists, verl and hand-written console output, W&B, Trinity-RFT,
@@ -13,19 +14,23 @@ labelled healthy tolerates nothing.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from grpo_monitor.detectors import ALL_DETECTORS
-from grpo_monitor.analysis.report import analyze_one
+from grpo_monitor.analysis.report import analyze_one, analyze_run, needs_text
 from grpo_monitor.core.engine import Engine
-from grpo_monitor.readers import load_source
+from grpo_monitor.detectors import ALL_DETECTORS
+from grpo_monitor.readers import SourceError, load_source
 from tests.conftest import SHARED
 
 RUNS = SHARED / "real-runs"
 LABELS = json.loads((RUNS / "labels.json").read_text()) if (RUNS / "labels.json").exists() else {}
 WILD = RUNS / "wild"
 WILD_LABELS = json.loads((WILD / "labels.json").read_text()) if (WILD / "labels.json").exists() else {}
+NOTEBOOKS = RUNS / "notebooks"
+ALL_FILES = sorted(p for p in RUNS.rglob("*") if p.is_file()) if RUNS.is_dir() else []
+NOTES = {"SOURCES.md", "labels.json"}  # what each folder holds and its labels: not logs
 ALARMS = ("warning", "critical")
 # Detectors of a failure's symptoms (the cut completions, spikes, entropy climb that come with it) that a
 # failure run's label does not list because they do not name its cure.
@@ -87,3 +92,42 @@ def test_wild_run_reads_and_its_label_holds(name):
         assert any(f.variant == label["variant"] for f in hits), f"variant {label['variant']} expected: {summary}"
     tolerated = set(label["expect"]) | set(label.get("allow", [])) | (SYMPTOMS if label["expect"] else set())
     assert [s for s in summary if s[0] not in tolerated] == []
+
+
+@pytest.mark.skipif(not ALL_FILES, reason="../shared/real-runs is not available")
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: str(p.relative_to(RUNS)))
+def test_every_shared_file_is_read_and_judged_or_says_what_it_lacks(path):
+    try:
+        reports = analyze_run(path)
+    except SourceError as exc:
+        msg = str(exc)
+        assert path.name in NOTES, msg
+        assert msg.startswith(f"{path}: ") and "\n" not in msg
+        assert "has no step-like column" in msg or "nor per-metric arrays" in msg, msg
+        return
+    for r in reports:
+        if path.name in NOTES:  # a line of prose that reads as one logged step: the report says what is missing
+            assert r.verdict == "cannot_judge" and needs_text(r).startswith("found"), r.verdict
+        else:
+            assert r.steps > 1 and r.judged_by, (r.verdict, r.not_judged)
+
+
+def _table_rows() -> dict[str, list[int]]:
+    """Rows of each training table ``notebooks/SOURCES.md`` lists, per notebook."""
+    rows: dict[str, list[int]] = {}
+    for m in re.finditer(r"^\| `([^`]+\.ipynb)` \|.*\| (\d+) x \d+ \|", (NOTEBOOKS / "SOURCES.md").read_text(), re.M):
+        rows.setdefault(m.group(1), []).append(int(m.group(2)))
+    return rows
+
+
+@pytest.mark.skipif(not (NOTEBOOKS / "SOURCES.md").is_file(), reason="../shared/real-runs/notebooks is not available")
+def test_the_notebooks_read_their_training_table():
+    listed = _table_rows()
+    assert len(listed) == 24
+    for name, rows in listed.items():
+        src = load_source(NOTEBOOKS / name)
+        assert src.format == "notebook" and "reward" in src.metric_names(), name
+        assert "HTML table" in src.meta["table"] and len(src.steps) >= max(rows), (name, src.meta["table"], rows)
+        assert all(" / " not in n for n in src.metric_names()), name
+        if len(rows) > 1:  # a display kept twice: the longer run is read, and the note says what was left out
+            assert any("left out" in w for w in src.warnings), (name, src.warnings)

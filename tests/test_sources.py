@@ -15,7 +15,8 @@ from grpo_monitor.core.metrics import normalize
 from grpo_monitor.core.runlog import RunWriter
 from grpo_monitor.readers import Source, SourceError, detect_format, load_source
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+from tests.conftest import SHARED
+
 REAL_RUNS = sorted((SHARED / "real-runs").glob("*.trainer_state.json")) if (SHARED / "real-runs").is_dir() else []
 
 

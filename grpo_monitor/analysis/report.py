@@ -129,6 +129,7 @@ class RunReport:
             "judged_by": self.judged_by,
             "not_judged": self.not_judged,
             "metrics_found": self.metrics_found,
+            "model": dict(self.model),
         }
         if self.status:
             out["status"] = self.status
@@ -375,22 +376,41 @@ def _read_target(src: Any, path: Any) -> str:
 
 
 def analyze_one(path: str | os.PathLike[str], detectors: Sequence[Any] | None = None,
-                logging_steps: int | None = None, mapping: Mapping[str, str] | None = None) -> RunReport:
-    return analyze_run(path, detectors, logging_steps, mapping)[0]
+                logging_steps: int | None = None, mapping: Mapping[str, str] | None = None,
+                model: str | Mapping[str, Any] | None = None) -> RunReport:
+    return analyze_run(path, detectors, logging_steps, mapping, model)[0]
 
 
 def analyze_run(path: str | os.PathLike[str], detectors: Sequence[Any] | None = None,
-                logging_steps: int | None = None, mapping: Mapping[str, str] | None = None) -> list[RunReport]:
-    """The reports of one path: one run, or each run of a ``run.jsonl`` that holds several."""
+                logging_steps: int | None = None, mapping: Mapping[str, str] | None = None,
+                model: str | Mapping[str, Any] | None = None) -> list[RunReport]:
+    """The reports of one path: one run, or each run of a file that holds several (a ``run.jsonl``
+    written twice, a results file with one run per arm). ``model`` (a hub id, a local model folder, or
+    model facts as ``model_facts`` gives them) is the model the run trained, in place of what the log says."""
     from grpo_monitor.readers import load_source
+    from grpo_monitor.readers.model import set_model
 
+    facts = model_facts_of(model)
     with _collector_paused():
         src = load_source(path, logging_steps=logging_steps)
         parts = split_runs(src) or [(str(path), src)]
         reports = []
         for label, part in parts:
+            set_model(part, facts, override=True)
             reports.append(_report(label, *prepare_names(part, mapping), detectors, path))
     return reports
+
+
+def model_facts_of(model: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What ``--model`` / ``model=`` names, as the model facts of a run header; raises
+    ``SourceError`` for a local path that holds no model config."""
+    if model is None:
+        return None
+    if isinstance(model, Mapping):
+        return dict(model)
+    from grpo_monitor.readers.model import model_from_spec
+
+    return model_from_spec(str(model))
 
 
 def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | None, path: Any) -> RunReport:
@@ -436,12 +456,16 @@ def _segment_of(src: Any) -> int | None:
 
 
 def split_runs(src: Any) -> list[tuple[str, Any]] | None:
-    """A ``run.jsonl`` into which a second run was written (a header that starts over, not a
-    resume) as one source per run; None when it holds one run.
+    """A file holding several runs as one source per run; None when it holds one run: the runs a
+    reader found (``Source.parts``: a results JSON with one run per arm), or a ``run.jsonl`` into
+    which a second run was written (a header that starts over, not a resume).
 
     A resumed run appends a header with ``resumed_from_step`` > 0 and continues the same run; a
     header that starts from step 0 under another run id after steps were logged is a new run.
     """
+    parts = getattr(src, "parts", None)
+    if parts:
+        return [(f"{src.path} [{label}]", part) for label, part in parts]
     run = getattr(src, "run", None)
     if src.format != "run_dir" or run is None:
         return None
@@ -659,18 +683,21 @@ def _loose_logs(d: Path) -> list[Path]:
 
 
 def analyze(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], detectors: Sequence[Any] | None = None,
-            logging_steps: int | None = None, mapping: Mapping[str, str] | Sequence[str] | None = None) -> Report:
+            logging_steps: int | None = None, mapping: Mapping[str, str] | Sequence[str] | None = None,
+            model: str | Mapping[str, Any] | None = None) -> Report:
     """Analyse one path or several (a restarted run: every segment; a folder of runs: each run);
-    raises ``monitor.sources.SourceError`` for a path given that cannot be read (a run inside a
+    raises ``readers.SourceError`` for a path given that cannot be read (a run inside a
     folder that cannot be read is listed in ``Report.errors``). ``mapping`` maps the log's column
-    names onto the monitor's (``{"score_mean": "reward"}``)."""
+    names onto the monitor's (``{"score_mean": "reward"}``). ``model`` names the model the runs
+    trained (``"Qwen/Qwen3-30B-A3B"``, a local model folder) where the log does not say it or says
+    it wrong: an MoE model gets GSPO offline as it does live."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return _analyze_all(paths, detectors, logging_steps, parse_mapping(mapping))
+    return _analyze_all(paths, detectors, logging_steps, parse_mapping(mapping), model=model_facts_of(model))
 
 
 def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[Any] | None, logging_steps: int | None,
-                 mapping: Any, say: Any = None) -> Report:
+                 mapping: Any, say: Any = None, model: dict[str, Any] | None = None) -> Report:
     """Every run under ``paths``: a loose file that does not read is skipped, a run found beneath that
     does not read is listed in ``Report.errors``, a path given that does not read raises SourceError.
     With ``say`` (the CLI), each unreadable run's line goes to it first, and any other exception
@@ -680,7 +707,7 @@ def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[An
     report = Report([])
     for p, how in expand_paths(paths):
         try:
-            report.runs.extend(_runs_of(p, how, report, detectors, logging_steps, mapping))
+            report.runs.extend(_runs_of(p, how, report, detectors, logging_steps, mapping, model))
         except SourceError as exc:
             if how == "loose":
                 report.skipped.append((p, str(exc)))
@@ -702,10 +729,10 @@ def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[An
 
 
 def _runs_of(p: str, how: str, report: Report, detectors: Sequence[Any] | None, logging_steps: int | None,
-             mapping: Any) -> list[RunReport]:
+             mapping: Any, model: dict[str, Any] | None = None) -> list[RunReport]:
     """The runs of one path; a loose file in a folder that holds fewer than two logged steps (a README
     whose table happens to parse) is listed as skipped, not as a run nobody could judge."""
-    runs = analyze_run(p, detectors, logging_steps, mapping)
+    runs = analyze_run(p, detectors, logging_steps, mapping, model)
     if how == "loose" and all(r.steps < 2 for r in runs):
         report.skipped.append((p, "fewer than two logged steps: not a training log"))
         return []
@@ -813,6 +840,15 @@ def coverage_lines(run: RunReport) -> list[str]:
     return out
 
 
+def model_line(model: Mapping[str, Any]) -> str:
+    """The model of a run and where it came from, in one line."""
+    name = model.get("name_or_path") or model.get("class") or "unknown"
+    if model.get("is_moe"):
+        layout = f"{model['num_experts']} experts, top-{model.get('top_k')}" if model.get("num_experts") else "by its id"
+        name += f" (mixture of experts: {layout})"
+    return f"{name}, from {model['source']}" if model.get("source") else name
+
+
 def verdict_line(run: RunReport) -> str:
     """The one line a dashboard or a table shows for a run's verdict."""
     text = VERDICT_TEXT.get(run.verdict, run.verdict.upper())
@@ -824,11 +860,13 @@ def verdict_line(run: RunReport) -> str:
 def render_text(report: Report) -> str:
     out: list[str] = []
     for run in report.runs:
-        model = run.model.get("class") or "model unknown"
+        model = run.model.get("class") or run.model.get("name_or_path") or "model unknown"
         seg = f"segment {run.segment}, " if run.segment is not None else ""
         out.append(f"== {run.source}  ({seg}{run.format}, {run.steps} logged steps, {model})")
         if run.file and run.file != run.source:
             out.append(f"read: {run.file}")
+        if run.model.get("source"):  # model facts a reader or --model gave, not a run header's
+            out.append(f"model: {model_line(run.model)}")
         out.append(f"verdict: {verdict_line(run)}")
         if run.verdict == "cannot_judge":
             out.append(f"  {needs_text(run)}")
@@ -945,17 +983,18 @@ def render_markdown(report: Report) -> str:
 
 
 def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = None,
-            logging_steps: int | None = None, mapping: Sequence[str] | None = None) -> int:
+            logging_steps: int | None = None, mapping: Sequence[str] | None = None, model: str | None = None) -> int:
     from grpo_monitor.readers import SourceError
 
     try:
         columns = parse_mapping(mapping)
-    except ValueError as exc:
+        facts = model_facts_of(model)
+    except ValueError as exc:  # SourceError is one too: a --model folder without a config
         print(f"grpo-monitor: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         report = _analyze_all(paths, None, logging_steps, columns,
-                          say=lambda line: print(f"grpo-monitor: {line}", file=sys.stderr))
+                              say=lambda line: print(f"grpo-monitor: {line}", file=sys.stderr), model=facts)
     except SourceError:  # a path given that cannot be read: its line is out already
         return EXIT_BAD_INPUT
     if not report.runs and not report.errors:

@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--map", action="append", default=None, metavar="COLUMN=METRIC", dest="mapping",
                    help="read the log's COLUMN as METRIC (reward, entropy, length, clipped_ratio, correctness, "
                         "rewards/<name>/mean, ...); repeatable, e.g. --map score_mean=reward")
+    a.add_argument("--model", metavar="MODEL", default=None,
+                   help="the model the run trained, where the log does not name it: a hub id (Qwen/Qwen3-30B-A3B) or a "
+                        "local model folder; a mixture-of-experts model gets GSPO as it does live")
     a.add_argument("--alerts", metavar="URL", default=None,
                    help="also post each run's verdict to a Slack, Discord or generic JSON webhook (see docs/ALERTS.md)")
     a.add_argument("--alerts-format", choices=("slack", "discord", "generic"), default=None,
@@ -134,12 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from grpo_monitor.analysis.report import run_cli
 
         code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
-                       mapping=args.mapping)
+                       mapping=args.mapping, model=args.model)
         if args.alerts and code != EXIT_BAD_INPUT:
             from grpo_monitor.alerts import analyze_cli_post
 
             analyze_cli_post(args.paths, args.alerts, args.alerts_format, args.alerts_min_severity,
-                             logging_steps=args.logging_steps, mapping=args.mapping)
+                             logging_steps=args.logging_steps, mapping=args.mapping, model=args.model)
         return code
     if args.verb == "supervise":
         from grpo_monitor.app.supervise import run_cli as supervise_cli

@@ -51,6 +51,14 @@ ALIASES: dict[str, str] = {
     "train/global_step": "step",
     "global_step": "step",
     "_step": "step",
+    # a trainer counting its iterations or updates (case and spaces aside, see ``export_name``)
+    "step": "step",
+    "iteration": "step",
+    "iter": "step",
+    "update": "step",
+    # the transformers notebook progress table: "Training Loss", "Validation Loss"
+    "training_loss": "loss",
+    "validation_loss": "eval_loss",
 }
 
 # Train-inference mismatch (rollouts from an inference engine scored again by the trainer). TRL's
@@ -174,6 +182,9 @@ def derive_metrics(metrics: Mapping[str, float | None]) -> dict[str, float | Non
 
 # Prefixes stripped before lookup: TensorBoard's (TRL writes ``train/<key>``) and verl's.
 _PREFIXES = ("train/",)
+# The transformers notebook progress table humanises TRL's names with spaces around the slashes
+# ("completions / mean_length", "rewards / check_answer / mean"): the name is TRL's without them.
+_SPACED_SLASH = re.compile(r"\s*/\s*")
 _REWARD_COMPONENT = re.compile(r"^rewards/([^/]+)$")
 # Keys the Trainer adds only to its end-of-training summary.
 SUMMARY_KEYS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos"})
@@ -186,7 +197,11 @@ def normalize(name: str) -> str:
     ('completions/mean_length', 'rewards/format_reward/mean', 'entropy')
     >>> normalize("train/rewards/format_reward/std"), normalize("my_custom_metric")
     ('rewards/format_reward/std', 'my_custom_metric')
+    >>> normalize("completions / mean_length"), normalize("rewards / check_answer"), normalize("Training Loss")
+    ('completions/mean_length', 'rewards/check_answer/mean', 'loss')
     """
+    if "/ " in name or " /" in name:
+        name = _SPACED_SLASH.sub("/", name.strip())
     for prefix in _PREFIXES:
         if name.startswith(prefix) and name != "train/global_step":
             name = name[len(prefix):]

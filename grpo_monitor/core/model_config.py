@@ -1,6 +1,8 @@
 """Reading a transformers model config without torch: the decoder's part of a composite config,
-and its mixture-of-experts layout. Shared by the run header (``callbacks``), the router tap and
-the memory estimate, so all of them agree on which layers route.
+and its mixture-of-experts layout. Shared by the run header (``callbacks``), the router tap, the
+memory estimate and the offline readers (a checkpoint's ``config.json``, ``analyze --model``), so all
+of them agree on which layers route; and the one table of well-known MoE hub ids, for a model known
+only by its name (lint's recipe check, ``analyze --model Qwen/Qwen3-30B-A3B``).
 
 Example::
 
@@ -11,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,3 +90,58 @@ def moe_facts(config: Any) -> dict[str, Any]:
         experts = None
         top_k = None
     return {"is_moe": is_moe, "num_experts": experts, "top_k": top_k, "num_layers": num_layers, "moe_layers": moe_layers}
+
+
+# Mixture-of-experts families known by their hub ids, for a model with no local config:
+# (pattern, experts, top-k). Qwen's "-A<n>B" names give the active size of an MoE.
+MOE_MODEL_IDS: tuple[tuple[str, int | None, int | None], ...] = (
+    (r"qwen3-30b-a3b", 128, 8),
+    (r"qwen3-235b-a22b", 128, 8),
+    (r"qwen3-next-80b-a3b", 512, 10),
+    (r"qwen1\.5-moe-a2\.7b", 60, 4),
+    (r"qwen2-57b-a14b", 64, 8),
+    (r"mixtral-8x7b", 8, 2),
+    (r"mixtral-8x22b", 8, 2),
+    (r"deepseek-v3", 256, 8),
+    (r"deepseek-r1(?!-distill)", 256, 8),
+    (r"deepseek-v2", 160, 6),
+    (r"olmoe-", 64, 8),
+    (r"gpt-oss-20b", 32, 4),
+    (r"gpt-oss-120b", 128, 4),
+    (r"-a\d+(?:\.\d+)?b(?:$|[-_])", None, None),
+)
+
+
+def moe_from_model_id(model_id: Any) -> dict[str, Any]:
+    """Model facts for a well-known MoE hub id (``{}`` when the id says nothing).
+
+    >>> moe_from_model_id("Qwen/Qwen3-30B-A3B")["num_experts"], moe_from_model_id("Qwen/Qwen3-4B")
+    (128, {})
+    """
+    if not isinstance(model_id, str) or not model_id:
+        return {}
+    name = model_id.lower().rstrip("/")
+    for pattern, experts, top_k in MOE_MODEL_IDS:
+        if re.search(pattern, name):
+            return {"is_moe": True, "num_experts": experts, "top_k": top_k, "source": f"model id {model_id}"}
+    return {}
+
+
+def config_model_facts(config: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
+    """The run header's model facts from a ``config.json`` as a dict (no torch, no parameter count):
+    class, type, name, whether it is a vision-language model, and the MoE layout.
+
+    >>> f = config_model_facts({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+    ...                         "num_hidden_layers": 2, "num_experts": 8, "num_experts_per_tok": 2})
+    >>> f["class"], f["is_moe"], f["num_experts"], f["top_k"], f["moe_layers"]
+    ('Qwen3MoeForCausalLM', True, 8, 2, [0, 1])
+    """
+    arch = config.get("architectures")
+    facts: dict[str, Any] = {
+        "class": arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else None,
+        "model_type": config.get("model_type") if isinstance(config.get("model_type"), str) else None,
+        "name_or_path": name or (config.get("_name_or_path") if isinstance(config.get("_name_or_path"), str) else None),
+        "is_vlm": any(k in config for k in VLM_HINTS),
+    }
+    facts.update(moe_facts(config))
+    return facts

@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_monitor.core.model_config import moe_from_model_id
 from grpo_monitor.detectors.base import Finding
 from grpo_monitor.preflight.memory import (
     DEFAULT_PROMPT_LENGTH,
@@ -71,43 +72,8 @@ GPU_OPTIMIZER_HINTS = ("bnb", "8bit", "4bit", "paged")  # bitsandbytes / torchao
 # A model this large (about 2 GB in bf16) with gradient checkpointing asked for is a GPU run.
 LARGE_MODEL_PARAMETERS = 1_000_000_000
 
-# Mixture-of-experts families known by their hub ids, for configs whose model has no local config:
-# (pattern, experts, top-k). Qwen's "-A<n>B" names give the active size of an MoE.
-MOE_MODEL_IDS: tuple[tuple[str, int | None, int | None], ...] = (
-    (r"qwen3-30b-a3b", 128, 8),
-    (r"qwen3-235b-a22b", 128, 8),
-    (r"qwen3-next-80b-a3b", 512, 10),
-    (r"qwen1\.5-moe-a2\.7b", 60, 4),
-    (r"qwen2-57b-a14b", 64, 8),
-    (r"mixtral-8x7b", 8, 2),
-    (r"mixtral-8x22b", 8, 2),
-    (r"deepseek-v3", 256, 8),
-    (r"deepseek-r1(?!-distill)", 256, 8),
-    (r"deepseek-v2", 160, 6),
-    (r"olmoe-", 64, 8),
-    (r"gpt-oss-20b", 32, 4),
-    (r"gpt-oss-120b", 128, 4),
-    (r"-a\d+(?:\.\d+)?b(?:$|[-_])", None, None),
-)
 # vLLM needs room for a CUDA graph / activation workspace beside weights and KV cache.
 VLLM_WORKSPACE_GIB = 1.0
-
-
-def moe_from_model_id(model_id: Any) -> dict[str, Any]:
-    """Model facts for a well-known MoE hub id (``{}`` when the id says nothing).
-
-    >>> moe_from_model_id("Qwen/Qwen3-30B-A3B")["num_experts"], moe_from_model_id("Qwen/Qwen3-4B")
-    (128, {})
-    """
-    import re
-
-    if not isinstance(model_id, str) or not model_id:
-        return {}
-    name = model_id.lower().rstrip("/")
-    for pattern, experts, top_k in MOE_MODEL_IDS:
-        if re.search(pattern, name):
-            return {"is_moe": True, "num_experts": experts, "top_k": top_k, "source": f"model id {model_id}"}
-    return {}
 
 
 def _finding(rule: str, severity: str, message: str, evidence: dict[str, Any],

@@ -1,4 +1,5 @@
-"""What every reader shares: the ``Source`` record, ``SourceError`` and step bookkeeping."""
+"""What every reader shares: the ``Reader`` interface and the ``Probe`` it sniffs, the ``Source``
+record it returns, ``SourceError``, and step bookkeeping."""
 
 from __future__ import annotations
 
@@ -19,10 +20,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from grpo_monitor.core.runlog import RunLog
 
-FORMATS = (
-    "run_dir", "trainer_state", "tensorboard", "csv", "jsonl",
-    "log_history", "columns", "notebook", "trl_console", "verl_console", "console", "wandb", "trackio",
-)
 Metrics = dict[str, "float | None"]
 
 # A malformed input can put anything into an error message (control bytes, a 1 MB line): the
@@ -65,6 +62,9 @@ class Source:
     # How the reader made its choices (``logging_steps`` and where it came from, a summary it set
     # aside, the tracker run it read): for reports and for callers who want to check.
     meta: dict[str, Any] = field(default_factory=dict)
+    # A file holding several runs (one per arm of a results JSON): each as ``(label, Source)``, the
+    # first of them also this source's own steps; ``analyze`` reports each as a run of its own.
+    parts: list[tuple[str, Source]] = field(default_factory=list)
 
     def __repr__(self) -> str:
         return (
@@ -300,3 +300,215 @@ def finish(src: Source, table: StepTable, what: str = "records") -> Source:
     if warning:
         src.warnings.append(warning)
     return src
+
+
+# ------------------------------------------------------------------------------- step columns
+
+# Index fields named like a step, best first: the trainer's own step beats a logger's call counter
+# (W&B's ``_step`` counts ``wandb.log`` calls, which differs from the trainer step when
+# logging_steps > 1); a trainer that counts iterations or updates names them so.
+STEP_FIELDS = ("train/global_step", "global_step", "training/global_step", "trainer/global_step", "step",
+               "iteration", "iter", "update", "_step")
+_STEP_RANK = {name: i for i, name in enumerate(STEP_FIELDS)}
+
+
+def step_rank(name: Any) -> int | None:
+    """Where a column or key named ``name`` ranks among step fields (case and spaces aside), or None.
+
+    >>> step_rank("Step"), step_rank("iteration"), step_rank("_step"), step_rank("reward")
+    (4, 5, 8, None)
+    """
+    if not isinstance(name, str):
+        return None
+    return _STEP_RANK.get(name.strip().lower().replace(" ", "_"))
+
+
+def step_column(names: Iterable[Any]) -> int | None:
+    """The position of the best step-like name among ``names``, or None."""
+    ranked = [(r, i) for i, n in enumerate(names) if (r := step_rank(n)) is not None]
+    return min(ranked)[1] if ranked else None
+
+
+# --------------------------------------------------------------------------------- the probe
+
+SNIFF_BYTES = 64 * 1024
+_TEXT_START = b"\xef\xbb\xbf \t\r\n"
+
+
+class Probe:
+    """One path as every reader sees it while the format is told: its first bytes, and (once, when a
+    reader asks) its text and its parsed JSON document, so the reader that takes it reads nothing twice.
+
+    ``layout`` is what the bytes look like, before any format is decided: ``dir``, ``empty``,
+    ``binary`` (NUL bytes), ``undecodable`` (not UTF-8), ``document`` (one JSON document),
+    ``lines`` (a JSON value per line) or ``text``.
+    """
+
+    def __init__(self, path: Path, logging_steps: int | None = None) -> None:
+        self.path = path
+        self.logging_steps = logging_steps
+        self.is_dir = path.is_dir()
+        self.cache: dict[str, Any] = {}  # what a reader's sniff worked out, for its read
+        self._head: bytes | None = None
+        self._text: str | None = None
+        self._layout: str | None = None
+        self._first: Any = _UNSET
+        self._doc: Any = _UNSET
+
+    @property
+    def head(self) -> bytes:
+        """The first ``SNIFF_BYTES`` of a file (``b""`` for a folder)."""
+        if self._head is None:
+            if self.is_dir:
+                self._head = b""
+            else:
+                with open(self.path, "rb") as fh:
+                    self._head = fh.read(SNIFF_BYTES)
+        return self._head
+
+    @property
+    def start(self) -> bytes:
+        """The head without a byte-order mark and leading whitespace."""
+        return self.head.lstrip(_TEXT_START)
+
+    def text(self) -> str:
+        """The whole file as text (``decode_text``), decoded once for every sniff and the read."""
+        if self._text is None:
+            self._text = decode_text(self.path.read_bytes())
+        return self._text
+
+    @property
+    def first_record(self) -> Any:
+        """The JSON value on the first line when the file starts with ``{`` and that line is one, else None."""
+        if self._first is _UNSET:
+            self._first = None
+            start = self.start
+            if start[:1] == b"{":
+                self._first = first_json_line(start.split(b"\n", 1)[0])
+        return self._first
+
+    @property
+    def layout(self) -> str:
+        if self._layout is None:
+            self._layout = self._tell_layout()
+        return self._layout
+
+    def _tell_layout(self) -> str:
+        if self.is_dir:
+            return "dir"
+        head = self.head
+        if not head.strip():
+            return "empty"
+        if b"\x00" in head:
+            return "binary"
+        start = self.start
+        if start[:1] == b"{":
+            first = self.first_record
+            if first is None:
+                # A pretty-printed JSON document, or a printed Python dict (console output).
+                return "text" if start[:2] == b"{'" else "document"
+            if isinstance(first, dict) and ("log_history" in first or isinstance(first.get("cells"), list) or (
+                    first and all(isinstance(v, list) for v in first.values()))):
+                return "document"
+            return "lines"
+        if start[:1] == b"[":
+            # "[INFO] ...", "[12/500] loss=...": a console log, not JSON.
+            return "document" if _json_array_start(start) else "text"
+        return "text" if decode_head(head) is not None else "undecodable"
+
+    def document(self) -> Any:
+        """The parsed JSON document (``layout == "document"``), else None; a broken one raises ``SourceError``."""
+        if self._doc is _UNSET:
+            self._doc = None
+            if self.layout == "document":
+                self._doc = parse_json(self.path, self.path.read_bytes())
+        return self._doc
+
+
+_UNSET = object()
+
+
+def _json_array_start(text: bytes) -> bool:
+    first = text.split(b"\n", 1)[0].strip()
+    if first == b"[" or first[:2] in (b"[{", b"[[", b'["', b"[]") or first[:3] in (b"[ {", b"[ [", b'[ "'):
+        return True
+    return first_json_line(first) is not None
+
+
+def first_json_line(line: bytes) -> Any:
+    """The JSON value on one line, or None when the line is not a complete JSON value."""
+    from grpo_monitor.core.jsonparse import loads
+
+    try:
+        return loads(line)
+    except (ValueError, RecursionError):
+        return None
+
+
+def decode_head(head: bytes) -> str | None:
+    """A file's first bytes as text, or None when they are not UTF-8."""
+    head = head[3:] if head.startswith(b"\xef\xbb\xbf") else head
+    try:
+        return head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # a multi-byte character cut by the sniff window is fine
+            return None
+        return head[: exc.start].decode("utf-8", "ignore")
+
+
+def decode_text(data: bytes) -> str:
+    """Any bytes as text: a stray byte in a long console log is no reason to refuse it. Colours
+    stay: each reader strips them where they can stand in its way (a 100 MB log is not copied for
+    the two escapes around a warning)."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    return data.decode("utf-8", "replace")
+
+
+def parse_json(path: Path, data: bytes) -> Any:
+    """A whole JSON document; a one-line ``SourceError`` naming where it breaks."""
+    import json
+
+    from grpo_monitor.core.jsonparse import loads
+
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SourceError(path, f"not UTF-8 text (bad byte at offset {exc.start})") from None
+    try:
+        return loads(text)
+    except json.JSONDecodeError as exc:
+        what = "truncated JSON" if exc.pos >= len(text.rstrip()) else "invalid JSON"
+        raise SourceError(path, f"{what} at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
+    except RecursionError:
+        raise SourceError(path, "JSON nested too deeply") from None
+
+
+# -------------------------------------------------------------------------------- the reader
+
+
+class Reader:
+    """One log format: a name, a cheap content sniff, and a read that returns a ``Source``.
+
+    ``readers.load_source`` tries the readers in their declared order (``readers.READERS``); the
+    first whose ``sniff`` names a format reads the path. ``sniff`` looks at the probe only (its
+    first bytes, a folder's entries; the parsed document or text where the layout says it is
+    one), returns the format it would read (one of ``formats``) or None, and may raise
+    ``SourceError`` when the path is plainly of its kind but unusable. ``near_miss`` says, when no
+    reader took a path, what it lacks to be of this reader's kind.
+    """
+
+    name: str = ""
+    formats: tuple[str, ...] = ()
+    # What it reads, for the line that lists the known formats, and what a folder of its kind holds.
+    describes: str = ""
+    folder_holds: str = ""
+
+    def sniff(self, probe: Probe) -> str | None:  # pragma: no cover - every reader has its own
+        raise NotImplementedError
+
+    def read(self, probe: Probe, fmt: str) -> Source:  # pragma: no cover - every reader has its own
+        raise NotImplementedError
+
+    def near_miss(self, probe: Probe) -> str | None:
+        return None

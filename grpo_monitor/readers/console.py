@@ -31,11 +31,15 @@ from typing import Any
 from grpo_monitor.core.jsonparse import loads
 from grpo_monitor.core.metrics import SUMMARY_KEYS
 from grpo_monitor.readers._base import (
+    STEP_FIELDS,
     Normalizer,
+    Probe,
+    Reader,
     Source,
     SourceError,
     StepTable,
     as_step,
+    decode_text,
     finish,
     guess_context,
 )
@@ -60,15 +64,6 @@ _TRAIN_KEYS = frozenset({"loss", "epoch", "grad_norm", "reward", "entropy"})
 _TRAIN_PREFIXES = ("reward", "completion", "train_", "eval_", "entropy", "clip_ratio", "frac_reward")
 
 
-def decode_text(data: bytes) -> str:
-    """Any bytes as text: a stray byte in a long console log is no reason to refuse it. Colours
-    stay: each reader strips them where they can stand in its way (a 100 MB log is not copied for
-    the two escapes around a warning)."""
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    return data.decode("utf-8", "replace")
-
-
 def strip_ansi(text: str) -> str:
     """Escape sequences removed: one match per escape, not a regex scan of a 100 MB log."""
     out = []
@@ -86,25 +81,6 @@ def strip_ansi(text: str) -> str:
     return "".join(out)
 
 
-_TEXT_CACHE: dict[tuple[str, int, int], str] = {}
-
-
-def read_text(path: Path) -> str:
-    """The decoded log; format detection and the reader that follows it share one decoding."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    text = _TEXT_CACHE.pop(key, None)
-    if text is None:
-        text = decode_text(path.read_bytes())
-    return text
-
-
-def remember_text(path: Path, text: str) -> None:
-    st = path.stat()
-    _TEXT_CACHE.clear()  # one log at a time: a cache, not a second copy of every log read
-    _TEXT_CACHE[(str(path), st.st_size, st.st_mtime_ns)] = text
-
-
 def sniff(text: str) -> str | None:
     """Which console log ``text`` is, or None."""
     if "step:" in text and _VERL_SNIFF.search(text):
@@ -113,7 +89,7 @@ def sniff(text: str) -> str | None:
         d = _parse_dict(m.group())
         if d is not None and _classify(d) is not None:
             return "trl_console"
-    if _step_lines(text, limit=1):
+    if _step_lines(text, limit=1) or _metric_blocks(text, enough=_MIN_BLOCKS):
         return "console"
     return None
 
@@ -129,7 +105,7 @@ def read_console(path: Path, text: str | None = None, fmt: str | None = None, lo
     if fmt == "verl_console":
         return read_verl(path, text)
     if fmt == "console":
-        return read_step_lines(path, text)
+        return read_step_lines(path, text, logging_steps)
     raise SourceError(path, f"{label or 'text'} holds no training log (no printed metrics dicts, verl "
                             "'step:N - key:value' lines, or lines with a step counter and name: value pairs)")
 
@@ -355,8 +331,13 @@ def _last_run(path: Path, found: Found, src: Source) -> Found:
     return chosen
 
 
+# A printed dict's own step field: TRL's spellings first, then any other step-like key.
+_TRL_STEPS = ("step", "global_step", "train/global_step")
+_DICT_STEPS = (*_TRL_STEPS, *(k for k in STEP_FIELDS if k not in _TRL_STEPS))
+
+
 def _step_of(d: dict[str, Any]) -> Any:
-    for key in ("step", "global_step", "train/global_step"):
+    for key in _DICT_STEPS:
         if key in d:
             return d[key]
     return None
@@ -597,9 +578,12 @@ def _step_lines(text: str, limit: int | None = None) -> list[tuple[tuple[Any, ..
     return out
 
 
-def read_step_lines(path: Path, text: str) -> Source:
+def read_step_lines(path: Path, text: str, logging_steps: int | None = None) -> Source:
     lines = _step_lines(text)
     if not lines:
+        blocks = _metric_blocks(text)
+        if len(blocks) >= _MIN_BLOCKS:
+            return _read_blocks(path, blocks, logging_steps)
         raise SourceError(path, "no line with a step counter (step 12, (12/500), [12/500]) and name: value pairs")
     # A loop is its counter and total; its keys may vary a little from line to line (an eval metric
     # every few steps), so families are grouped on the counter first, then the richest key set.
@@ -644,3 +628,109 @@ def read_step_lines(path: Path, text: str) -> Source:
     finish(src, table, "lines")
     src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
     return src
+
+
+# A loop that prints its metrics without a counter on the same line (``Average Reward: 0.71``, one
+# or several lines per iteration, perhaps under a ``Step 5`` line): a record ends where a name comes
+# again. A metric's name must say what it measures, and a loop repeats it: three records at least.
+_MIN_BLOCKS = 3
+_METRIC_WORDS = re.compile(r"(?i)reward|loss|\bkl\b|kl_|entropy|accura|\bacc\b|correct|\bfmt\b|format|length|\blen\b|score|"
+                           r"return|grad")
+_FILLER = re.compile(r"^[\s,;|:\-*>#=\[\]()]*$")
+
+
+def _metric_blocks(text: str, enough: int | None = None) -> list[tuple[int | None, dict[str, float]]]:
+    """``(counter, metrics)`` of each record printed as lines of nothing but ``Name: value`` pairs;
+    ``counter`` is the step of a counter-only line just above it (``Step 5``, ``Iteration 5/100``)."""
+    records: list[tuple[int | None, dict[str, float]]] = []
+    current: dict[str, float] = {}
+    counter: int | None = None
+    pending: int | None = None
+
+    def flush() -> None:
+        nonlocal current, counter
+        if current:
+            records.append((counter, current))
+        current, counter = {}, None
+
+    for line in re.split(r"[\r\n]+", text):
+        if enough is not None and len(records) >= enough:
+            break
+        if len(line) > 2000 or not any(c.isdigit() for c in line):
+            continue
+        if "\x1b" in line:
+            line = strip_ansi(line)
+        pairs = list(_PAIR.finditer(line))
+        if not pairs:
+            m = next((c for c in _COUNTER.finditer(line) if not c.group("epoch")), None)
+            if m is not None and _FILLER.match(line[: m.start()] + line[m.end():]):
+                flush()
+                pending = int(m.group("n1") or m.group("n2") or m.group("n3"))
+            continue
+        if not _FILLER.match(_LEVEL.sub("", _PAIR.sub(" ", line).lstrip())):
+            continue  # prose with a number in it, not a metrics line
+        for pm in pairs:
+            name = _LEVEL.sub("", pm.group(1).strip())
+            if not _METRIC_WORDS.search(name):  # "Answer: 42" in a printed completion measures nothing
+                continue
+            raw = pm.group(2)
+            try:
+                x = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+            except ValueError:
+                continue
+            if name in current:
+                flush()
+            if not current:
+                counter, pending = pending, None
+            current[name] = x
+    flush()
+    return records
+
+
+def _read_blocks(path: Path, blocks: list[tuple[int | None, dict[str, float]]], logging_steps: int | None) -> Source:
+    # The loop is the key set printed most often; another (an evaluation every few iterations) is left out.
+    counts: dict[tuple[str, ...], int] = {}
+    for _, m in blocks:
+        counts[tuple(sorted(m))] = counts.get(tuple(sorted(m)), 0) + 1
+    keys = max(counts, key=lambda k: (counts[k], len(k)))
+    chosen = [(c, m) for c, m in blocks if tuple(sorted(m)) == keys]
+    src = Source(path=path, format="console")
+    counters = [c for c, _ in chosen]
+    if all(c is not None for c in counters) and all(b > a for a, b in zip(counters, counters[1:])):
+        steps: list[int] = counters  # type: ignore[assignment]
+        src.meta["steps_from"] = "the counter line above each record"
+    else:
+        L = logging_steps if logging_steps and logging_steps > 0 else 1
+        how = "as given by --logging-steps" if logging_steps else "assumed: the log does not say; pass --logging-steps N"
+        steps = [(k + 1) * L for k in range(len(chosen))]
+        src.meta.update(logging_steps=L, steps_from=how)
+        src.warnings.append(f"{path}: the printed metrics carry no step; step = k x logging_steps with "
+                            f"logging_steps={L} ({how})")
+    table = StepTable()
+    norm = Normalizer(drop=SUMMARY_KEYS)
+    for step, (_, metrics) in zip(steps, chosen):
+        if as_step(step) is not None:
+            table.add(step, norm(metrics))
+    if len(chosen) < len(blocks):
+        src.warnings.append(f"{path}: read the {len(chosen)} records printing {', '.join(keys)}; "
+                            f"{len(blocks) - len(chosen)} other record(s) left out")
+    finish(src, table, "records")
+    src.context = guess_context(src.metric_names(), src.meta.get("logging_steps"), [s for s, _ in src.steps])
+    return src
+
+
+class ConsoleReader(Reader):
+    name = "console"
+    formats = ("trl_console", "verl_console", "console")
+    describes = "a console log with printed metrics dicts or step lines"
+
+    def sniff(self, probe: Probe) -> str | None:
+        return sniff(probe.text()) if probe.layout == "text" else None
+
+    def read(self, probe: Probe, fmt: str) -> Source:
+        from grpo_monitor.readers.model import model_in_text, set_model
+
+        text = probe.text()
+        src = read_console(probe.path, text, fmt, probe.logging_steps)
+        set_model(src, model_in_text(text, "the log"))
+        return src

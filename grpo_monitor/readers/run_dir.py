@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.detectors.base import RunContext
-from grpo_monitor.readers._base import Normalizer, Source, SourceError, StepTable, as_step, finish
+from grpo_monitor.readers._base import Normalizer, Probe, Reader, Source, SourceError, StepTable, as_step, finish
 
 
 def read_run_dir(path: Path) -> Source:
@@ -61,3 +61,23 @@ def context_from_header(header: dict[str, Any]) -> RunContext:
         format_reward=fmt if isinstance(fmt, str) else None,
         logging_steps=logging_steps if logging_steps and logging_steps > 0 else 1,
     )
+
+
+class RunDirReader(Reader):
+    name = "run_dir"
+    formats = ("run_dir",)
+    describes = "run.jsonl"
+    folder_holds = "run.jsonl"
+
+    def sniff(self, probe: Probe) -> str | None:
+        if probe.is_dir:
+            return "run_dir" if (probe.path / "run.jsonl").is_file() else None
+        if probe.path.name == "run.jsonl":
+            return "run_dir"
+        first = probe.first_record
+        if isinstance(first, dict) and first.get("type") == "header" and "schema" in first:
+            raise SourceError(probe.path, "a grpo-monitor run log must be named run.jsonl inside its run directory")
+        return None
+
+    def read(self, probe: Probe, fmt: str) -> Source:
+        return read_run_dir(probe.path)

@@ -13,33 +13,26 @@ import numpy as np
 from grpo_monitor.core.jsonparse import loads
 from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize
 from grpo_monitor.readers._base import (
+    STEP_FIELDS,
     Normalizer,
+    Probe,
+    Reader,
     Source,
     SourceError,
     StepTable,
     as_step,
+    decode_head,
     finish,
     guess_context,
     plan_names,
+    step_rank,
 )
 
-# Step fields, best first: the trainer's own step beats a logger's call counter (W&B's ``_step``
-# counts ``wandb.log`` calls, which differs from the trainer step when logging_steps > 1).
-STEP_FIELDS = ("train/global_step", "global_step", "training/global_step", "trainer/global_step", "step", "_step")
 NESTED_FIELDS = ("data", "metrics")
-_STEP_RANK = {name: i for i, name in enumerate(STEP_FIELDS)}
 PANDAS_FROM_CHARS = 4_000_000
 
 
 # --------------------------------------------------------------------------------------- JSONL
-
-
-def first_json_line(line: bytes) -> Any:
-    """The JSON value on one line, or None when the line is not a complete JSON value."""
-    try:
-        return loads(line)
-    except (ValueError, RecursionError):
-        return None
 
 
 def _lines(path: Path) -> tuple[list[bytes], bytes]:
@@ -147,16 +140,6 @@ def _short(value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------------- CSV
-
-
-def decode_head(head: bytes) -> str | None:
-    head = head[3:] if head.startswith(b"\xef\xbb\xbf") else head
-    try:
-        return head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if exc.start < len(head) - 4:  # a multi-byte character cut by the sniff window is fine
-            return None
-        return head[: exc.start].decode("utf-8", "ignore")
 
 
 def _header(text: str) -> tuple[list[str], str] | None:
@@ -360,8 +343,9 @@ def _csv_columns(path: Path, header: list[str], warnings: list[str]) -> tuple[in
     step_cols = [(i, n) for i, n in enumerate(names) if _is_step(n)]
     if not step_cols:
         shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-        raise SourceError(path, f"CSV without a step column (_step, step, global_step, train/global_step); columns: {shown}")
-    step_col = min(step_cols, key=lambda c: _STEP_RANK[c[1].lower()])[0]
+        raise SourceError(path, "CSV without a step column (step, global_step, iteration, iter, update, _step, ...); "
+                                f"columns: {shown}")
+    step_col = min(step_cols, key=lambda c: step_rank(c[1]))[0]
     skip = {i for i, _ in step_cols}
     columns = [
         (i, n)
@@ -372,5 +356,51 @@ def _csv_columns(path: Path, header: list[str], warnings: list[str]) -> tuple[in
 
 
 def _is_step(name: str) -> bool:
-    return name.lower() in _STEP_RANK
+    return step_rank(name) is not None
+
+
+def csv_has_step(head: bytes) -> bool:
+    """The header line of ``head`` names a step-like column (a W&B panel's ``<run> - <name>`` too)."""
+    found = _header(decode_head(head) or "")
+    return found is not None and any(_is_step(h.strip().split(" - ", 1)[-1]) for h in found[0])
+
+
+# --------------------------------------------------------------------------------- readers
+
+
+class JsonlReader(Reader):
+    name = "jsonl"
+    formats = ("jsonl",)
+    describes = "JSONL"
+
+    def sniff(self, probe: Probe) -> str | None:
+        return "jsonl" if probe.layout == "lines" else None
+
+    def read(self, probe: Probe, fmt: str) -> Source:
+        return read_jsonl(probe.path)
+
+
+class CsvReader(Reader):
+    name = "csv"
+    formats = ("csv",)
+    describes = "CSV with a step column"
+
+    def sniff(self, probe: Probe) -> str | None:
+        return "csv" if self._csv_like(probe) and csv_has_step(probe.head) else None
+
+    def read(self, probe: Probe, fmt: str) -> Source:
+        return read_csv(probe.path)
+
+    def near_miss(self, probe: Probe) -> str | None:
+        if not self._csv_like(probe):
+            return None
+        try:
+            read_csv(probe.path)
+        except SourceError as exc:  # what the CSV lacks: the columns it found and the step it needs
+            return exc.what
+        return None
+
+    @staticmethod
+    def _csv_like(probe: Probe) -> bool:
+        return probe.layout == "text" and probe.start[:1] not in (b"[", b"{") and looks_like_csv(probe.head)
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize
-from grpo_monitor.readers._base import Source, SourceError, guess_context
+from grpo_monitor.readers._base import Probe, Reader, Source, SourceError, guess_context
 
 _U64 = struct.Struct("<Q")
 _F32 = struct.Struct("<f")
@@ -853,3 +853,21 @@ def _resolve_duplicates(src: Source, key: np.ndarray, values: np.ndarray, order:
             f"{src.path}: {len(dup_steps)} step(s) logged more than once (first at step {int(dup_steps[0])}, "
             "e.g. a resumed run); the latest write wins"
         )
+
+
+class TensorBoardReader(Reader):
+    name = "tensorboard"
+    formats = ("tensorboard",)
+    describes = "TensorBoard"
+    folder_holds = "TensorBoard event files"
+
+    def sniff(self, probe: Probe) -> str | None:
+        if probe.is_dir:
+            return "tensorboard" if find_event_files(probe.path) else None
+        head = probe.head
+        if looks_like_event_file(head) or ("tfevents" in probe.path.name and head.lstrip()[:1] not in (b"{", b"[")):
+            return "tensorboard"
+        return None
+
+    def read(self, probe: Probe, fmt: str) -> Source:
+        return read_tensorboard(probe.path)

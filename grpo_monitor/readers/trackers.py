@@ -20,7 +20,7 @@ from typing import Any
 
 from grpo_monitor.core.jsonparse import loads
 from grpo_monitor.core.metrics import SUMMARY_KEYS
-from grpo_monitor.readers._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
+from grpo_monitor.readers._base import Normalizer, Probe, Reader, Source, SourceError, StepTable, as_step, finish, guess_context
 
 WANDB_MAGIC = b":W&B"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -358,3 +358,33 @@ def _trackio_rows(db: Path, conn: sqlite3.Connection) -> tuple[list[tuple[str, A
     return rows, configs
 
 
+
+
+class WandbReader(Reader):
+    name = "wandb"
+    formats = ("wandb",)
+    describes = "W&B run"
+    folder_holds = "W&B run"
+
+    def sniff(self, probe: Probe) -> str | None:
+        if probe.is_dir:
+            return "wandb" if looks_like_wandb_dir(probe.path) else None
+        return "wandb" if probe.head.startswith(WANDB_MAGIC) else None
+
+    def read(self, probe: Probe, fmt: str) -> Source:
+        return read_wandb(probe.path)
+
+
+class TrackioReader(Reader):
+    name = "trackio"
+    formats = ("trackio",)
+    describes = "trackio database"
+    folder_holds = "trackio database"
+
+    def sniff(self, probe: Probe) -> str | None:
+        if probe.is_dir:
+            return "trackio" if trackio_databases(probe.path) else None
+        return "trackio" if probe.head.startswith(SQLITE_MAGIC) else None
+
+    def read(self, probe: Probe, fmt: str) -> Source:
+        return read_trackio(probe.path)

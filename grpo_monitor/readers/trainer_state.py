@@ -1,4 +1,9 @@
-"""Hugging Face ``trainer_state.json``: the ``log_history`` every Trainer checkpoint carries."""
+"""Hugging Face ``trainer_state.json``: the ``log_history`` every Trainer checkpoint carries.
+
+Two readers: ``TrainerStateReader`` (the file, or a checkpoint folder holding it) and
+``CheckpointsReader`` (a Trainer output_dir: its newest ``checkpoint-*/``). The ``config.json`` a
+checkpoint keeps beside its state names the model (``readers.model``).
+"""
 
 from __future__ import annotations
 
@@ -6,23 +11,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpo_monitor.core.jsonparse import loads
 from grpo_monitor.core.metrics import SUMMARY_KEYS
-from grpo_monitor.readers._base import Normalizer, Source, SourceError, StepTable, as_step, finish, guess_context
-
-
-def parse_json(path: Path, data: bytes) -> Any:
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise SourceError(path, f"not UTF-8 text (bad byte at offset {exc.start})") from None
-    try:
-        return loads(text)
-    except json.JSONDecodeError as exc:
-        what = "truncated JSON" if exc.pos >= len(text.rstrip()) else "invalid JSON"
-        raise SourceError(path, f"{what} at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
-    except RecursionError:
-        raise SourceError(path, "JSON nested too deeply") from None
+from grpo_monitor.readers._base import (
+    Normalizer,
+    Probe,
+    Reader,
+    Source,
+    SourceError,
+    StepTable,
+    as_step,
+    finish,
+    guess_context,
+    parse_json,
+)
 
 
 def is_trainer_state(obj: Any) -> bool:
@@ -70,3 +71,67 @@ def read_trainer_state(path: Path, obj: Any) -> Source:
 def _short(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def read_state_file(path: Path, obj: Any = None) -> Source:
+    """A ``trainer_state.json`` with the model its folder holds, when it holds one."""
+    from grpo_monitor.readers.model import model_in_folder, set_model
+
+    src = read_trainer_state(path, parse_json(path, path.read_bytes()) if obj is None else obj)
+    set_model(src, model_in_folder(path.parent))
+    return src
+
+
+class TrainerStateReader(Reader):
+    name = "trainer_state"
+    formats = ("trainer_state",)
+    describes = "trainer_state.json"
+    folder_holds = "trainer_state.json"
+
+    def sniff(self, probe: Probe) -> str | None:
+        if probe.is_dir:
+            return "trainer_state" if (probe.path / "trainer_state.json").is_file() else None
+        if probe.layout != "document":
+            return None
+        return "trainer_state" if is_trainer_state(probe.document()) else None
+
+    def read(self, probe: Probe, fmt: str) -> Source:
+        if probe.is_dir:
+            return read_state_file(probe.path / "trainer_state.json")
+        return read_state_file(probe.path, probe.document())
+
+
+class CheckpointsReader(Reader):
+    """A Trainer output_dir without TensorBoard logs: the newest checkpoint has the longest history."""
+
+    name = "checkpoints"
+    formats = ("trainer_state",)
+    folder_holds = "checkpoint-*/"
+
+    def sniff(self, probe: Probe) -> str | None:
+        if not probe.is_dir:
+            return None
+        best = newest_checkpoint(probe.path)
+        if best is None:
+            return None
+        probe.cache["checkpoint"] = best
+        return "trainer_state"
+
+    def read(self, probe: Probe, fmt: str) -> Source:
+        state = probe.cache.get("checkpoint") or newest_checkpoint(probe.path)
+        src = read_state_file(state)
+        src.warnings.append(f"{probe.path}: read the newest checkpoint's {state.relative_to(probe.path)}")
+        return src
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    """``checkpoint-<n>/trainer_state.json`` with the largest n, or None."""
+    best: tuple[int, Path] | None = None
+    for child in folder.glob("checkpoint-*/trainer_state.json"):
+        try:
+            n = int(child.parent.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        if best is None or n > best[0]:
+            best = (n, child)
+    return best[1] if best else None
