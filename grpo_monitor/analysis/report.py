@@ -29,11 +29,11 @@ from grpo_monitor.detectors.base import Finding
 from grpo_monitor.core.engine import Engine
 from grpo_monitor.core.recommend import Recommender, lineage_options
 from grpo_monitor.core.recommend import title as rec_title
+from grpo_monitor.core.exit_codes import ExitCode
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm")
 VERDICTS = ("healthy", "incomplete", "cannot_judge", "warning", "critical")
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_NOT_JUDGED = 0, 1, 2, 3
 _BARS = "▁▂▃▄▅▆▇█"
 # The inputs the failure detectors read, in the order a user would map them.
 KEY_INPUTS = ("reward", "completions/mean_length", "completions/clipped_ratio", "entropy", "frac_reward_zero_std",
@@ -114,8 +114,8 @@ class RunReport:
     def exit_code(self) -> int:
         v = self.verdict
         if v in ("critical", "warning"):
-            return EXIT_FINDINGS
-        return EXIT_NOT_JUDGED if v in ("cannot_judge", "incomplete") else EXIT_CLEAN
+            return ExitCode.FINDINGS
+        return ExitCode.NOT_JUDGED if v in ("cannot_judge", "incomplete") else ExitCode.CLEAN
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -156,13 +156,13 @@ class Report:
         """1 when a run has a warning or critical finding; else 2 when a run could not be read;
         else 3 when a run could not be judged or is incomplete; else 0."""
         codes = {r.exit_code for r in self.runs}
-        if EXIT_FINDINGS in codes:
-            return EXIT_FINDINGS
+        if ExitCode.FINDINGS in codes:
+            return ExitCode.FINDINGS
         if self.errors:
-            return EXIT_BAD_INPUT
-        if EXIT_NOT_JUDGED in codes:
-            return EXIT_NOT_JUDGED
-        return EXIT_CLEAN
+            return ExitCode.BAD_INPUT
+        if ExitCode.NOT_JUDGED in codes:
+            return ExitCode.NOT_JUDGED
+        return ExitCode.CLEAN
 
     def to_dict(self) -> dict[str, Any]:
         # A run of the folder that could not be read keeps the fixed shape, with its error.
@@ -991,15 +991,15 @@ def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = 
         facts = model_facts_of(model)
     except ValueError as exc:  # SourceError is one too: a --model folder without a config
         print(f"grpo-monitor: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     try:
         report = _analyze_all(paths, None, logging_steps, columns,
                               say=lambda line: print(f"grpo-monitor: {line}", file=sys.stderr), model=facts)
     except SourceError:  # a path given that cannot be read: its line is out already
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     if not report.runs and not report.errors:
         print(f"grpo-monitor: {', '.join(map(str, paths))}: no run could be read", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     if as_json:
         print(json.dumps(report.to_dict(), default=_json_default, allow_nan=False))
     else:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from grpo_monitor.core.exit_codes import ExitCode
+
 import argparse
 import sys
 from collections.abc import Sequence
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
 # What each optional extra (pyproject.toml) installs, by the module names the verbs import. A verb checks
 # for its extras before it starts, so a bare install gets one line naming them rather than a traceback.
@@ -122,70 +123,87 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _demo(args: argparse.Namespace) -> int:
+    trackers = [REPORT_TO_EXTRAS[t] for t in str(args.report_to).replace(",", " ").split() if t in REPORT_TO_EXTRAS]
+    if _lacks_extras("demo", "train", *trackers):
+        return ExitCode.BAD_INPUT
+    from grpo_monitor.app.demo import run_demo
+
+    run_demo(args.run_dir, steps=args.steps, moe=args.moe, report_to=args.report_to, scenario=args.scenario,
+             auto_restart=args.auto_restart, max_restarts=args.max_restarts)
+    return ExitCode.CLEAN
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from grpo_monitor.analysis.report import run_cli
+
+    code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
+                   mapping=args.mapping, model=args.model)
+    if args.alerts and code != ExitCode.BAD_INPUT:
+        from grpo_monitor.alerts import analyze_cli_post
+
+        analyze_cli_post(args.paths, args.alerts, args.alerts_format, args.alerts_min_severity,
+                         logging_steps=args.logging_steps, mapping=args.mapping, model=args.model)
+    return code
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    from grpo_monitor.app.supervise import run_cli as supervise_cli
+
+    return supervise_cli(args.command, args.run_dir, args.max_restarts, args.apply)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    if _lacks_extras("watch", "tui"):
+        return ExitCode.BAD_INPUT
+    from grpo_monitor.readers import SourceError
+
+    try:
+        from grpo_monitor.app.dashboard import run_watch
+    except ImportError as exc:
+        print(f"grpo-monitor: the dashboard needs the 'tui' extra: pip install 'grpo-monitor[tui]' ({exc})", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    try:
+        run_watch(args.path, wait=args.wait)
+    except SourceError as exc:
+        print(f"grpo-monitor: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    return ExitCode.CLEAN
+
+
+def _lint(args: argparse.Namespace) -> int:
+    from grpo_monitor.preflight.lint import run_lint_cli
+
+    return run_lint_cli(args)
+
+
+def _inspect_rewards(args: argparse.Namespace) -> int:
+    # sampling from a model needs the training stack; the interactive gate needs the dashboard's
+    if _lacks_extras("inspect-rewards", *(["train"] if args.demo or args.model else []),
+                     *([] if args.auto else ["tui"])):
+        return ExitCode.BAD_INPUT
+    from grpo_monitor.preflight.reward_gate import run_inspect_cli
+
+    def open_screen(session, run_dir, funcs, source):  # type: ignore[no-untyped-def]
+        from grpo_monitor.app.gate_screen import run_gate
+
+        return run_gate(session, run_dir, funcs, source)
+
+    try:
+        return run_inspect_cli(args, open_screen)
+    except ImportError as exc:
+        print(f"grpo-monitor: inspect-rewards needs the 'train' and 'tui' extras ({exc})", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+
+
+# Every verb the parser defines, and what runs it: the one list of the command's verbs.
+VERBS = {"demo": _demo, "analyze": _analyze, "supervise": _supervise, "watch": _watch, "lint": _lint,
+         "inspect-rewards": _inspect_rewards}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.verb == "demo":
-        trackers = [REPORT_TO_EXTRAS[t] for t in str(args.report_to).replace(",", " ").split() if t in REPORT_TO_EXTRAS]
-        if _lacks_extras("demo", "train", *trackers):
-            return EXIT_BAD_INPUT
-        from grpo_monitor.app.demo import run_demo
-
-        run_demo(args.run_dir, steps=args.steps, moe=args.moe, report_to=args.report_to, scenario=args.scenario,
-                 auto_restart=args.auto_restart, max_restarts=args.max_restarts)
-        return EXIT_CLEAN
-    if args.verb == "analyze":
-        from grpo_monitor.analysis.report import run_cli
-
-        code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
-                       mapping=args.mapping, model=args.model)
-        if args.alerts and code != EXIT_BAD_INPUT:
-            from grpo_monitor.alerts import analyze_cli_post
-
-            analyze_cli_post(args.paths, args.alerts, args.alerts_format, args.alerts_min_severity,
-                             logging_steps=args.logging_steps, mapping=args.mapping, model=args.model)
-        return code
-    if args.verb == "supervise":
-        from grpo_monitor.app.supervise import run_cli as supervise_cli
-
-        return supervise_cli(args.command, args.run_dir, args.max_restarts, args.apply)
-    if args.verb == "watch":
-        if _lacks_extras("watch", "tui"):
-            return EXIT_BAD_INPUT
-        from grpo_monitor.readers import SourceError
-
-        try:
-            from grpo_monitor.app.dashboard import run_watch
-        except ImportError as exc:
-            print(f"grpo-monitor: the dashboard needs the 'tui' extra: pip install 'grpo-monitor[tui]' ({exc})", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        try:
-            run_watch(args.path, wait=args.wait)
-        except SourceError as exc:
-            print(f"grpo-monitor: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        return EXIT_CLEAN
-    if args.verb == "lint":
-        from grpo_monitor.preflight.lint import run_lint_cli
-
-        return run_lint_cli(args)
-    if args.verb == "inspect-rewards":
-        # sampling from a model needs the training stack; the interactive gate needs the dashboard's
-        if _lacks_extras("inspect-rewards", *(["train"] if args.demo or args.model else []),
-                         *([] if args.auto else ["tui"])):
-            return EXIT_BAD_INPUT
-        from grpo_monitor.preflight.reward_gate import run_inspect_cli
-
-        def open_screen(session, run_dir, funcs, source):  # type: ignore[no-untyped-def]
-            from grpo_monitor.app.gate_screen import run_gate
-
-            return run_gate(session, run_dir, funcs, source)
-
-        try:
-            return run_inspect_cli(args, open_screen)
-        except ImportError as exc:
-            print(f"grpo-monitor: inspect-rewards needs the 'train' and 'tui' extras ({exc})", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    return EXIT_BAD_INPUT
+    return VERBS[args.verb](args)
 
 
 if __name__ == "__main__":
