@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+# `analyze --alerts`: the report is out, but a verdict message was not confirmed delivered.
+EXIT_ALERTS_NOT_SENT = 4
 
 # What each optional extra (pyproject.toml) installs, by the module names the verbs import. A verb checks
 # for its extras before it starts, so a bare install gets one line naming them rather than a traceback.
@@ -77,11 +79,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="read the log's COLUMN as METRIC (reward, entropy, length, clipped_ratio, correctness, "
                         "rewards/<name>/mean, ...); repeatable, e.g. --map score_mean=reward")
     a.add_argument("--alerts", metavar="URL", default=None,
-                   help="also post each run's verdict to a Slack, Discord or generic JSON webhook (see docs/ALERTS.md)")
-    a.add_argument("--alerts-format", choices=("slack", "discord", "generic"), default=None,
+                   help="also send each run's verdict to a Slack, Discord, Teams, PagerDuty or generic JSON webhook, "
+                        "or mailto:ADDRESS (SMTP server from $GRPO_MONITOR_SMTP_URL); exit 4 when a message was not "
+                        "confirmed delivered (see docs/ALERTS.md)")
+    a.add_argument("--alerts-format", choices=("slack", "discord", "teams", "pagerduty", "generic"), default=None,
                    help="the webhook's payload format (default: recognised from the URL)")
     a.add_argument("--alerts-min-severity", choices=("info", "warning", "critical"), default="warning",
-                   help="post runs whose verdict reaches this (info: every run, healthy ones too; default warning)")
+                   help="send runs whose verdict reaches this (warning, the default, includes runs that could not be "
+                        "judged; info: every run, healthy ones too)")
 
     s = sub.add_parser("supervise", help="run a training command; relaunch it with the recommended variant when the monitor stops it")
     s.add_argument("--max-restarts", type=int, default=2, help="restarts allowed (default 2)")
@@ -119,6 +124,36 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _analyze(args: argparse.Namespace) -> int:
+    """``analyze``, and with ``--alerts`` each run's verdict sent on: the destination is checked
+    before anything is read, the runs are analysed once, and a message that was not confirmed
+    delivered is one stderr line each and exit 4 (the report's own code is said in the last line)."""
+    from grpo_monitor.analysis.report import run_cli
+
+    destination, errors = None, []
+    if args.alerts:
+        from grpo_monitor.alerts import cli_destination, post_report
+
+        try:
+            destination = cli_destination(args.alerts, args.alerts_format)
+        except ValueError as exc:
+            print(f"grpo-monitor: --alerts: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+
+        def send(report):  # type: ignore[no-untyped-def]
+            errors.extend(post_report(report, destination, args.alerts_min_severity))
+
+    code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
+                   mapping=args.mapping, on_report=send if destination is not None else None)
+    if not errors:
+        return code
+    for e in errors:
+        print(f"grpo-monitor: alerts not sent: {e}", file=sys.stderr)
+    print(f"grpo-monitor: {len(errors)} verdict message(s) not confirmed delivered (the report alone exits {code})",
+          file=sys.stderr)
+    return EXIT_ALERTS_NOT_SENT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "demo":
@@ -131,16 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  auto_restart=args.auto_restart, max_restarts=args.max_restarts)
         return EXIT_CLEAN
     if args.verb == "analyze":
-        from grpo_monitor.analysis.report import run_cli
-
-        code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
-                       mapping=args.mapping)
-        if args.alerts and code != EXIT_BAD_INPUT:
-            from grpo_monitor.alerts import analyze_cli_post
-
-            analyze_cli_post(args.paths, args.alerts, args.alerts_format, args.alerts_min_severity,
-                             logging_steps=args.logging_steps, mapping=args.mapping)
-        return code
+        return _analyze(args)
     if args.verb == "supervise":
         from grpo_monitor.app.supervise import run_cli as supervise_cli
 

@@ -253,8 +253,10 @@ class MonitorCallback(TrainerCallback):
                 logger.log(logging.INFO if f.severity == "info" and f.detector != "config_logging_steps" else logging.WARNING,
                            "grpo-monitor: [%s] %s: %s", f.severity, f.detector, f.message)
         if state.is_world_process_zero:
-            self.alerts = self._guard("alerts", build_dispatcher, self.trainer, self.run_dir, self.run_id,
-                                      self.alert_options, self.report_error)
+            self.alerts = self._guard("alerts", lambda: build_dispatcher(
+                self.trainer, self.run_dir, self.run_id, self.alert_options, self.report_error,
+                note=lambda record: self.writer.write(record) if self.writer is not None else None,
+                segment=self.segment, lineage_root=self.lineage_root))
         if facts.get("is_moe"):
             self._guard("router tap", self._install_router_tap, model)
 
@@ -311,9 +313,11 @@ class MonitorCallback(TrainerCallback):
         if writer is None:
             return []
         if SUMMARY_KEYS & logs.keys():
-            writer.write({"type": "summary", "step": step, "metrics": normalize_metrics(logs)})
-            if self.alerts is not None:  # the trainer's last log: every tracker still has its run open
-                self._guard("alerts", self.alerts.finish, step)
+            # The trainer's last log: every tracker still has its run open. The alerts' end message,
+            # flush and delivery counts come first, so the summary record carries the counts.
+            delivery = self._guard("alerts", self.alerts.finish, step) if self.alerts is not None else None
+            writer.write({"type": "summary", "step": step, "metrics": normalize_metrics(logs),
+                          **({"alerts": delivery} if delivery else {})})
             return []
         metrics = normalize_metrics(logs)
         metrics.update(self._guard("system metrics", system_metrics, True) or {})
@@ -415,6 +419,8 @@ class MonitorCallback(TrainerCallback):
                                    "child_run": Path(plan.next_run_dir).name, "reasons": plan.reasons})
             logger.warning("grpo-monitor: stopping at step %d to restart with %s (%s); resume from %s",
                            plan.step, plan.variant, plan.config_overrides, plan.resume_from or "the initial model")
+            if self.alerts is not None:
+                self._guard("alerts", self.alerts.restart, plan.to_dict())
 
     def _decide(self, args: Any, state: Any, findings: list[Any]) -> Any:
         from grpo_monitor.core.recommend import recommend
