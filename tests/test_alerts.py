@@ -406,6 +406,21 @@ def test_burst_is_rate_limited_announced_and_counted(hook):
     assert dest["rate_limited"] == 17 and dest["delivered"] == 3 and dest["lost"] == 17 and dest["held_back_notices"] == 1
 
 
+def test_a_full_queue_drops_without_waiting_and_counts():
+    h = Hook(mode="silent")
+    try:
+        sender = WebhookSender(h.url(), queue_size=2, burst=100, per_minute=1e6, timeout=0.3, retries=0)
+        d = AlertDispatcher([], sender, flush_timeout=0.5)
+        d.on_step(1, {}, [probe(1, i) for i in range(10)], [])
+        d.close()
+    finally:
+        h.close()
+    (dest,) = d.delivery_report["destinations"]
+    # one on its way, two queued behind it, the other seven dropped on the spot
+    assert dest["queue_full"] >= 7 and dest["messages"] == 10 and dest["delivered"] == 0
+    assert dest["unconfirmed"] + dest["unsent"] + dest["queue_full"] == 10
+
+
 def test_no_resolution_for_an_episode_whose_opening_was_dropped(hook):
     """The rate limit drops one episode's opening: its resolution is not sent either; the other
     episode's opening and resolution go out."""
