@@ -115,7 +115,7 @@ def test_every_verb_the_parser_knows_has_its_runner_and_nothing_else():
 def test_every_command_exits_with_the_shared_codes():
     from grpo_monitor.core.exit_codes import ExitCode
 
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4]
     from grpo_monitor.app.cli import main
 
     assert main(["supervise"]) == ExitCode.BAD_INPUT

@@ -653,9 +653,9 @@ def _marker(d: Path) -> str | None:
     except OSError:
         return None
     try:
-        from grpo_monitor.readers.trackers import looks_like_wandb_dir, trackio_databases
+        from grpo_monitor.readers.trackers import looks_like_wandb_dir, trackio_databases, wandb_runs
 
-        if looks_like_wandb_dir(d):
+        if looks_like_wandb_dir(d) and len(wandb_runs(d)) < 2:  # a wandb/ folder of several runs: each one
             return "wandb"
         if trackio_databases(d):
             return "trackio"
@@ -983,7 +983,10 @@ def render_markdown(report: Report) -> str:
 
 
 def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = None,
-            logging_steps: int | None = None, mapping: Sequence[str] | None = None, model: str | None = None) -> int:
+            logging_steps: int | None = None, mapping: Sequence[str] | None = None, model: str | None = None,
+            on_report: Any = None) -> int:
+    """``grpo-monitor analyze``: the report on stdout, the exit code; ``on_report(report)`` is called
+    with the report once it is out (the CLI's ``--alerts`` sends it on)."""
     from grpo_monitor.readers import SourceError
 
     try:
@@ -1007,6 +1010,8 @@ def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = 
     if markdown:
         with open(markdown, "w", encoding="utf-8") as fh:
             fh.write(render_markdown(report))
+    if on_report is not None:
+        on_report(report)
     return report.exit_code
 
 

@@ -81,11 +81,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="the model the run trained, where the log does not name it: a hub id (Qwen/Qwen3-30B-A3B) or a "
                         "local model folder; a mixture-of-experts model gets GSPO as it does live")
     a.add_argument("--alerts", metavar="URL", default=None,
-                   help="also post each run's verdict to a Slack, Discord or generic JSON webhook (see docs/ALERTS.md)")
-    a.add_argument("--alerts-format", choices=("slack", "discord", "generic"), default=None,
+                   help="also send each run's verdict to a Slack, Discord, Teams, PagerDuty or generic JSON webhook, "
+                        "or mailto:ADDRESS (SMTP server from $GRPO_MONITOR_SMTP_URL); exit 4 when a message was not "
+                        "confirmed delivered (see docs/ALERTS.md)")
+    a.add_argument("--alerts-format", choices=("slack", "discord", "teams", "pagerduty", "generic"), default=None,
                    help="the webhook's payload format (default: recognised from the URL)")
     a.add_argument("--alerts-min-severity", choices=("info", "warning", "critical"), default="warning",
-                   help="post runs whose verdict reaches this (info: every run, healthy ones too; default warning)")
+                   help="send runs whose verdict reaches this (warning, the default, includes runs that could not be "
+                        "judged; info: every run, healthy ones too)")
 
     s = sub.add_parser("supervise", help="run a training command; relaunch it with the recommended variant when the monitor stops it")
     s.add_argument("--max-restarts", type=int, default=2, help="restarts allowed (default 2)")
@@ -135,16 +138,33 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
+    """``analyze``, and with ``--alerts`` each run's verdict sent on: the destination is checked before
+    anything is read, the runs are analysed once, and a message that was not confirmed delivered is one
+    stderr line each and ``ExitCode.ALERTS_NOT_SENT`` (the report's own code is said in the last line)."""
     from grpo_monitor.analysis.report import run_cli
 
-    code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
-                   mapping=args.mapping, model=args.model)
-    if args.alerts and code != ExitCode.BAD_INPUT:
-        from grpo_monitor.alerts import analyze_cli_post
+    destination, errors = None, []
+    if args.alerts:
+        from grpo_monitor.alerts import cli_destination, post_report
 
-        analyze_cli_post(args.paths, args.alerts, args.alerts_format, args.alerts_min_severity,
-                         logging_steps=args.logging_steps, mapping=args.mapping, model=args.model)
-    return code
+        try:
+            destination = cli_destination(args.alerts, args.alerts_format)
+        except ValueError as exc:
+            print(f"grpo-monitor: --alerts: {exc}", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+
+        def send(report):  # type: ignore[no-untyped-def]
+            errors.extend(post_report(report, destination, args.alerts_min_severity))
+
+    code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
+                   mapping=args.mapping, model=args.model, on_report=send if destination is not None else None)
+    if not errors:
+        return code
+    for e in errors:
+        print(f"grpo-monitor: alerts not sent: {e}", file=sys.stderr)
+    print(f"grpo-monitor: {len(errors)} verdict message(s) not confirmed delivered (the report alone exits {int(code)})",
+          file=sys.stderr)
+    return ExitCode.ALERTS_NOT_SENT
 
 
 def _supervise(args: argparse.Namespace) -> int:

@@ -7,6 +7,8 @@
   option), said in one line naming it.
 - ``NOT_JUDGED`` (3): the input was read but no failure detector could judge it, or the run has not ended:
   never to be mistaken for a healthy run.
+- ``ALERTS_NOT_SENT`` (4): ``analyze --alerts`` printed its report, but a verdict message was not confirmed
+  delivered.
 
 >>> int(ExitCode.NOT_JUDGED)
 3
@@ -22,3 +24,4 @@ class ExitCode(IntEnum):
     FINDINGS = 1
     BAD_INPUT = 2
     NOT_JUDGED = 3
+    ALERTS_NOT_SENT = 4
