@@ -564,6 +564,33 @@ def reached():
     assert received == []
 
 
+def test_the_filter_denies_what_it_says(caps, sandbox):
+    need(caps)
+    from grpo_monitor.rewards.sandbox import decode_value
+
+    code = """
+import ctypes, errno, os, socket
+def denied():
+    out = {}
+    for name, call in (("unix socket", lambda: socket.socket(socket.AF_UNIX)),
+                       ("unix datagram pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)),
+                       ("memfd", lambda: os.memfd_create("m"))):
+        try:
+            call()
+            out[name] = "allowed"
+        except OSError as exc:
+            out[name] = errno.errorcode[exc.errno]
+    libc = ctypes.CDLL(None, use_errno=True)
+    out["new user namespace"] = "allowed" if libc.unshare(0x10000000) == 0 else errno.errorcode[ctypes.get_errno()]
+    out["stream pair"] = len(socket.socketpair())
+    return out
+"""
+    res = sandbox.run(code, probes=["denied()"])
+    assert res.ok, res
+    assert decode_value(res.values[0]) == {"unix socket": "EPERM", "unix datagram pair": "EPERM", "memfd": "EPERM",
+                                           "new user namespace": "EPERM", "stream pair": 2}
+
+
 # -- one isolation policy, whoever runs it ---------------------------------------------------------------
 
 IDENTITIES = {

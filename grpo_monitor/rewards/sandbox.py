@@ -30,7 +30,6 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from grpo_monitor.rewards import _sandbox_child as _child
