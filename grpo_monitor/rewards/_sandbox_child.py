@@ -303,6 +303,8 @@ def verdict(setup, checks, values):
 def judge(memory):
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
     for line in sys.stdin.buffer:
         try:
             req = json.loads(line)

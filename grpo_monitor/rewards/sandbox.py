@@ -370,8 +370,6 @@ class _Judge:
             return [self._one(t, lim) for t in tests]
 
     def _one(self, test: dict[str, Any], lim: Limits) -> bool:
-        import select
-
         if self._proc is None or self._proc.poll() is not None or self._memory != lim.memory:
             self.close()
             self._memory = lim.memory
@@ -379,29 +377,43 @@ class _Judge:
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                           start_new_session=True, close_fds=True, cwd="/", env=_ENV)
             self._buf = b""
+            if self._line(20) != b"ready":  # its start does not count against a test's time
+                self.close()
+                return False
         proc = self._proc
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None
         try:
             proc.stdin.write(json.dumps(test).encode() + b"\n")
             proc.stdin.flush()
-            fd = proc.stdout.fileno()
-            deadline = time.monotonic() + lim.verdict
-            while b"\n" not in self._buf:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    raise TimeoutError
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    raise EOFError
-                self._buf += chunk
-        except (OSError, EOFError, TimeoutError):
+        except OSError:
             self.close()
             return False
-        line, self._buf = self._buf.split(b"\n", 1)
+        line = self._line(lim.verdict)
+        if line is None:
+            self.close()
+            return False
         try:
             return json.loads(line).get("ok") is True
         except ValueError:
             return False
+
+    def _line(self, timeout: float) -> bytes | None:
+        """The judge's next line, or None when it has none within ``timeout`` seconds or died."""
+        import select
+
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
 
     def close(self) -> None:
         if self._proc is not None:
