@@ -906,7 +906,12 @@ def serve(path, hide):
     while True:
         for fd, ev in poller.poll():
             if fd == 0:
-                if not os.read(0, 4096):
+                if not os.read(0, 4096):  # the trainer closed us or died: take the socket's folder along
+                    try:
+                        os.unlink(path)
+                        os.rmdir(os.path.dirname(path))
+                    except OSError:
+                        pass
                     os._exit(0)
                 continue
             conn, _ = srv.accept()
