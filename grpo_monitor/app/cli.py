@@ -120,7 +120,26 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one verb. Input it cannot use (a path it may not read or write, a log nested too deeply,
+    a run log without a header) is one line on stderr and exit 2 in every verb: exit 1 means
+    findings, so a crash must never read as one."""
     args = _parser().parse_args(argv)
+    from grpo_monitor.core.runlog import RunLogError
+    from grpo_monitor.readers import SourceError
+
+    try:
+        return _run(args)
+    except (SourceError, RunLogError) as exc:
+        print(f"grpo-monitor: {' '.join(str(exc).split())}", file=sys.stderr)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"grpo-monitor: {where}{exc.strerror or exc}", file=sys.stderr)
+    except RecursionError:
+        print("grpo-monitor: input nested too deeply to read", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.verb == "demo":
         trackers = [REPORT_TO_EXTRAS[t] for t in str(args.report_to).replace(",", " ").split() if t in REPORT_TO_EXTRAS]
         if _lacks_extras("demo", "train", *trackers):

@@ -48,6 +48,13 @@ def check_path(path: str | os.PathLike[str], wait: bool = False) -> str | None:
     With ``wait`` a path that does not exist yet is fine: the dashboard waits for the run.
     """
     p = Path(path)
+    try:
+        return _check(p, wait)
+    except OSError as exc:  # a folder on the way that the user cannot enter, say
+        return f"{p}: unreadable ({(exc.strerror or type(exc).__name__).lower()})"
+
+
+def _check(p: Path, wait: bool) -> str | None:
     target = p / RUN_FILE if p.is_dir() and (p / RUN_FILE).is_file() else p
     if not p.exists() and not p.is_symlink():
         if wait:
@@ -114,16 +121,17 @@ def run_watch(path: str | os.PathLike[str], wait: bool = False) -> None:
     from grpo_monitor.app.dashboard.app import WatchApp, is_run_path, replay_source
 
     records = None
+    warnings: list[str] = []
     if not wait and not is_run_path(Path(path)):
         # Read before the screen opens, so a log that fails deep inside leaves one line, not a
         # dashboard that opened and closed.
         try:
-            records = replay_source(path)
+            records = replay_source(path, warnings)
         except SourceError:
             raise
         except Exception as exc:
             raise SourceError(None, f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
-    app = WatchApp(path, wait=wait, records=records)
+    app = WatchApp(path, wait=wait, records=records, warnings=warnings)
     app.run()
     if app.error is not None and not wait:
         raise SourceError(None, app.error)
