@@ -13,7 +13,7 @@ from textual.widgets import DataTable  # noqa: E402
 
 from grpo_monitor.app.dashboard import WatchApp  # noqa: E402
 from grpo_monitor.core.runlog import RunWriter, dumps  # noqa: E402
-from grpo_monitor.fixtures.dashboard_run import append_steps, sample_records, write_synthetic_run  # noqa: E402
+from grpo_monitor.fixtures.dashboard_run import append_steps, write_synthetic_run  # noqa: E402
 from tests.test_tui import FAST, header_text, loaded, screen_text, wait_for  # noqa: E402
 
 aio = pytest.mark.asyncio
@@ -133,19 +133,3 @@ async def test_a_write_failure_noted_in_the_log_is_shown(tmp_path: Path) -> None
         await loaded(pilot)
         head = header_text(app)
         assert "1 warning" in head and "the disk filled: 4 step records (steps 6-9)" in head
-
-
-@aio
-async def test_a_sample_file_of_zeros_is_skipped_without_reading_it_whole(tmp_path: Path) -> None:
-    d = tmp_path / "run"
-    write_synthetic_run(d, steps=5, moe=False, samples_per_step=0)
-    with open(d / "samples.rank1.jsonl", "wb") as fh:
-        fh.truncate(1 << 30)  # a sparse gigabyte: a hole, no newline in it
-    w = RunWriter(d, rank=2)
-    w.samples(sample_records(2, 3, None))
-    w.close()
-    app = WatchApp(d, poll_interval=FAST)
-    async with app.run_test(size=(160, 40)) as pilot:
-        await loaded(pilot)
-        await still_running(pilot)
-        assert app.model.sample_steps() == [2] and app.model.sample_count == 3

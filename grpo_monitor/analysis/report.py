@@ -1022,7 +1022,9 @@ def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = 
     except SourceError:  # a path given that cannot be read: its line is out already
         return EXIT_BAD_INPUT
     if not report.runs and not report.errors:
-        print(f"grpo-monitor: {', '.join(map(str, paths))}: no run could be read", file=sys.stderr)
+        why = "; ".join(f"{p}: {e}" for p, e in report.skipped[:3])
+        print(f"grpo-monitor: {', '.join(map(str, paths))}: no run could be read" + (f" (skipped {why})" if why else ""),
+              file=sys.stderr)
         return EXIT_BAD_INPUT
     if as_json:
         print(json.dumps(report.to_dict(), default=_json_default, allow_nan=False))

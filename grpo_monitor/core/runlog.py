@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_monitor.core.jsonparse import loads
+from grpo_monitor.core.jsonparse import fast_loads, loads
 from grpo_monitor.core.metrics import decode, encode
 
 SCHEMA_VERSION = 1
@@ -269,7 +269,9 @@ class _Loss:
         lost = ", ".join(f"{n} {t} record{'s' if n != 1 else ''}" for t, n in self.by_type.items()) or "no record"
         steps = "" if a is None else f" (step {a})" if a == b else f" (steps {a}-{b})"
         cause = "the disk filled" if self.disk_full else f"writing failed ({self.error})"
-        if not ongoing:
+        if not ongoing and not self.by_type:
+            what = f"{self.file} can be written again"
+        elif not ongoing:
             what = f"{lost}{steps} could not be written to {self.file}; it is written again from here"
         elif closing:
             what = f"{lost}{steps} could not be written to {self.file}, which still failed when the run log was closed"
@@ -1075,7 +1077,9 @@ def _parse_block(data: bytes, path: Path, first: int, skipped: Skipped) -> list[
     try:  # one parse for the whole block: far cheaper than one per line
         # Wrapped in levels that leave a record exactly MAX_DEPTH of orjson's 1024, the parse
         # itself refuses a record nested deeper (as ``parse_line`` does), at no cost per byte.
-        wrapped = loads(_WRAP_OPEN + b"[" + body.replace(b"\n", b",") + b"]" + _WRAP_CLOSE)
+        if fast_loads is None:
+            raise ValueError("no orjson: line by line")
+        wrapped = fast_loads(_WRAP_OPEN + b"[" + body.replace(b"\n", b",") + b"]" + _WRAP_CLOSE)
         records = wrapped
         for _ in range(len(_WRAP_OPEN)):
             records = records[0]
