@@ -259,8 +259,6 @@ STREAMED = textwrap.dedent("""
 
 def test_readers_stream_a_huge_sparse_file_in_bounded_memory(tmp_path):
     """(Its speed and memory are measured in benchmarks/runlog_faults.py.)"""
-    import resource
-
     huge = 4 << 30
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
@@ -269,10 +267,7 @@ def test_readers_stream_a_huge_sparse_file_in_bounded_memory(tmp_path):
     healthy_run(b, steps=2)
     with open(b / samples_file(1), "wb") as fh:
         fh.truncate(huge)
-    probe = subprocess.run([sys.executable, "-c", "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
-                           capture_output=True, text=True, check=True)
-    limit = 1 << 30  # far more than the reader needs, a quarter of the file
-    assert int(probe.stdout) * 1024 < limit / 4  # a bare interpreter fits many times over
+    limit = 1 << 30  # address space: far more than the reader needs, a quarter of the file
     out = subprocess.run([sys.executable, "-c", STREAMED.format(limit=limit), str(a), str(b)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     first, second = out.stdout.splitlines()

@@ -971,6 +971,9 @@ def render_markdown(report: Report) -> str:
             out += [f"The monitor could not see this run: no failure detector had the inputs it needs. {needs_text(r)}", ""]
         elif r.status:
             out += [f"Status: {r.status} — {r.status_note}", ""]
+        if r.skipped:
+            out += [f"Skipped {r.skipped['count']} unreadable record(s), each alone (the rest was read):", ""]
+            out += [f"- `{w}`" for w in r.skipped["where"]] + [""]
         if r.coverage:
             out += [f"Judged by: {', '.join(f'`{d}`' for d in r.judged_by) or 'no failure detector'}.", ""]
             for det, why in r.not_judged.items():

@@ -338,11 +338,6 @@ class RunWriter:
         self._append(self._samples, rows)
         self._report()
 
-    @property
-    def lost(self) -> dict[str, dict[str, int]]:
-        """Records not written and not yet counted in a note, by file and type."""
-        return {name: dict(loss.by_type) for name, loss in self._losses.items() if loss.by_type}
-
     def _append(self, writer: JsonlWriter, records: list[Mapping[str, Any]], force: bool = False,
                 closing: bool = False) -> None:
         """``force``: write the notes due even while the disk is full (into the reserve's room)."""
@@ -482,30 +477,41 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def parse_line(line: bytes, where: str) -> dict[str, Any]:
-    """One run-log record; ``RunLogError`` (one line naming ``where``) when the line is not one."""
+class _NotARecord(Exception):
+    """Why a line is not a run-log record (``parse_line`` adds where it is)."""
+
+
+def _record(line: bytes) -> dict[str, Any]:
     try:
         record = loads(line)
     except RecursionError:
-        raise RunLogError(f"{where}: corrupt record (nested too deeply)") from None
+        raise _NotARecord("corrupt record (nested too deeply)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         text = " ".join(str(exc).split())[:80]
-        raise RunLogError(f"{where}: corrupt record ({exc.__class__.__name__}: {text})") from None
+        raise _NotARecord(f"corrupt record ({exc.__class__.__name__}: {text})") from None
     if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
-        raise RunLogError(f"{where}: not a run-log record (no known 'type' field)")
+        raise _NotARecord("not a run-log record (no known 'type' field)")
     if too_deep(line):
-        raise RunLogError(f"{where}: corrupt record (nested deeper than {MAX_DEPTH} levels)")
+        raise _NotARecord(f"corrupt record (nested deeper than {MAX_DEPTH} levels)")
     kind = record["type"]
     if kind in ("step", "summary", "sample"):
         # The writer writes a step as a plain integer: anything else (true, "4", 5.5, even 2.0)
         # was not written by it, and read as a step it would overwrite a real step's record.
         if plain_step(record.get("step")) is None:
-            raise RunLogError(f"{where}: {kind} record without an integer 'step' (got {_short(record.get('step'))})")
+            raise _NotARecord(f"{kind} record without an integer 'step' (got {_short(record.get('step'))})")
         if kind == "sample":
             record["rewards"] = _decode_metrics(record.get("rewards"))
         else:
             record["metrics"] = _decode_metrics(record.get("metrics"))
     return record
+
+
+def parse_line(line: bytes, where: str) -> dict[str, Any]:
+    """One run-log record; ``RunLogError`` (one line naming ``where``) when the line is not one."""
+    try:
+        return _record(line)
+    except _NotARecord as exc:
+        raise RunLogError(f"{where}: {exc}") from None
 
 
 class LineSplitter:
@@ -616,9 +622,11 @@ def iter_records(path: Path, warnings: list[str] | None = None,
                     _skip(skipped, f"{path}:{lineno}", why)
                 elif line.strip():
                     try:
-                        yield parse_line(line, f"{path}:{lineno}")
-                    except RunLogError as exc:
-                        _skip(skipped, f"{path}:{lineno}", str(exc).split(f"{path}:{lineno}: ", 1)[-1])
+                        record = _record(line)
+                    except _NotARecord as exc:  # the place is formatted only for a line that is left out
+                        _skip(skipped, f"{path}:{lineno}", str(exc))
+                        continue
+                    yield record
         tail = lines.tail()
         if tail is not None:
             lineno, line = tail
@@ -929,7 +937,8 @@ class SampleIndex:
                 if end == 0 and not last:
                     # A chunk without a newline is beyond any record: left out, never read whole.
                     self._lines[path] = self._lines.get(path, 0) + 1
-                    self._discarding[path] = f"a line beyond the {MAX_RECORD_BYTES:,} bytes a record may have"
+                    self._discarding[path] = ("NUL bytes in the line" if b"\x00" in data
+                                              else f"a line beyond the {MAX_RECORD_BYTES:,} bytes a record may have")
                     end = len(data)
                 else:
                     if end:
