@@ -222,8 +222,24 @@ VERBS = {"demo": _demo, "analyze": _analyze, "supervise": _supervise, "watch": _
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one verb. Input it cannot use (a path it may not read or write, a log nested too deeply,
+    a run log without a header) is one line on stderr and exit 2 in every verb: exit 1 means
+    findings, so a crash must never read as one."""
     args = _parser().parse_args(argv)
-    return VERBS[args.verb](args)
+    from grpo_monitor.core.runlog import RunLogError
+    from grpo_monitor.readers import SourceError
+
+    # Input that cannot be used at all is one line and exit 2 in every verb, never a traceback.
+    try:
+        return VERBS[args.verb](args)
+    except (SourceError, RunLogError) as exc:
+        print(f"grpo-monitor: {' '.join(str(exc).split())}", file=sys.stderr)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"grpo-monitor: {where}{exc.strerror or exc}", file=sys.stderr)
+    except RecursionError:
+        print("grpo-monitor: input nested too deeply to read", file=sys.stderr)
+    return ExitCode.BAD_INPUT
 
 
 if __name__ == "__main__":

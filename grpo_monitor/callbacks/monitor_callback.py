@@ -202,7 +202,9 @@ class MonitorCallback(TrainerCallback):
         self.engine = Engine(self.context, self._detectors, on_error=self.report_error)
         self.recommender = Recommender(config, is_moe=self.context.is_moe, tried=list(self.place.tried),
                                        segment=self.place.segment)
-        self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0)
+        # A write that fails (the disk full) is reported once; the writer counts what it lost and says so in the log.
+        self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0,
+                                on_error=self.report_error)
         if state.is_world_process_zero:
             self.writer.header(
                 run_id=self.run_id,
