@@ -93,6 +93,23 @@ def test_notebook_reads_the_progress_table_of_the_longest_training_run(tmp_path)
     assert src.context.model["is_moe"] and src.context.model["num_experts"] == 32  # gpt-oss-20b, named in the code
 
 
+def test_notebook_config_is_read_from_its_grpoconfig_cell(tmp_path):
+    nb = notebook(
+        code("%%capture\n!pip install unsloth trl\nmax_seq_length = 2048\nmax_prompt_length = 256", []),
+        code("from trl import GRPOConfig\ntraining_args = GRPOConfig(learning_rate = 5e-6, num_generations = 2,\n"
+             "    max_completion_length = max_seq_length - max_prompt_length, loss_type = 'dr_grpo',\n"
+             "    max_steps = len(dataset), per_device_train_batch_size = 1)", []),
+        code("training_args = GRPOConfig(learning_rate = 1e-5, num_generations = 4, max_completion_length = 1024)\n"
+             "trainer.train()", [display(progress_html(GRPO_HEADER, grpo_rows(6), 6, 6))]),
+    )
+    src = load_source(write(tmp_path / "grpo.ipynb", nb))
+    # The cell run last trains; a value computed from data is left out, never guessed.
+    assert src.context.config == {"learning_rate": 1e-5, "num_generations": 4, "max_completion_length": 1024}
+    assert "GRPOConfig" in src.meta["config_from"]
+    first = load_source(write(tmp_path / "one.ipynb", notebook(*nb["cells"][:2], code("trainer.train()", nb["cells"][2]["outputs"]))))
+    assert first.context.config["max_completion_length"] == 1792 and "max_steps" not in first.context.config
+
+
 def test_notebook_outputs_saved_as_a_list_of_records_with_the_table(tmp_path):
     outputs = [stream("Unsloth: Will smartly offload gradients\n"), display(progress_html(GRPO_HEADER, grpo_rows(6), 6, 6))]
     src = load_source(write(tmp_path / "cell_output.json", outputs))

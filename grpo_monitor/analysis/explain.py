@@ -71,6 +71,7 @@ WATCHED_BY: dict[str, tuple[str, ...]] = {
     "is_ratio_not_one": ("rollout_mismatch",),
     "reward_negative": ("no_learning_signal",),
     "advantage_mean_zero": ("no_learning_signal",),
+    "capped_but_learning": ("truncation", "no_learning_signal"),
 }
 NOTE_IDS = tuple(WATCHED_BY)
 
@@ -294,6 +295,27 @@ def _loss_rising(run: _Run) -> dict[str, Any] | None:
         {"loss_first": first, "loss_last": last, "loss_rank_corr": rho, **kl})
 
 
+def clipping_never_fired(steps: Iterable[tuple[int, Mapping[str, Any]]]) -> bool:
+    """The log's clip ratios (TRL's ``clip_ratio/*``) are exactly 0 at every one of at least ``MIN_POINTS``
+    logged steps: whatever its config said, the run trained on-policy.
+
+    >>> clipping_never_fired([(s, {"clip_ratio/region_mean": 0.0}) for s in range(1, 9)])
+    True
+    >>> clipping_never_fired([(1, {"clip_ratio/region_mean": 0.0}), (2, {"clip_ratio/region_mean": 0.01})])
+    False
+    """
+    n = 0
+    for _, metrics in steps:
+        vals = [metrics.get(k) for k in CLIP_KEYS if metrics.get(k) is not None]
+        vals = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        if not vals:
+            continue
+        if any(v != 0 for v in vals):
+            return False
+        n += 1
+    return n >= MIN_POINTS
+
+
 def _clip_ratio_zero(run: _Run) -> dict[str, Any] | None:
     logged = [k for k in CLIP_KEYS if len(run.values(k)[1])]
     if not logged:
@@ -464,6 +486,29 @@ def _reward_zero_at_start(run: _Run) -> dict[str, Any] | None:
         {"zero_steps": k, "last_zero_step": int(steps[k - 1])})
 
 
+def _capped_but_learning(run: _Run) -> dict[str, Any] | None:
+    _, clipped = run.values("completions/clipped_ratio")
+    steps, r = run.values("reward")
+    if len(clipped) < MIN_TREND_POINTS or len(r) < MIN_TREND_POINTS or float(np.median(clipped)) < 0.95:
+        return None
+    _, fz = run.values("frac_reward_zero_std")
+    _, rs = run.values("reward_std")
+    spread = float(np.median(fz)) < 0.5 if len(fz) else (len(rs) > 0 and float(np.median(rs)) > 1e-6)
+    a, _, b = _thirds(r)
+    if not spread or b <= a or _rank_corr(steps, r) < 0.3:
+        return None
+    return _note(
+        "capped_but_learning",
+        f"completions/clipped_ratio stays at {_g(float(np.median(clipped)))} (nearly every completion cut at the length "
+        f"cap) while reward rises from {_g(a)} to {_g(b)} (medians of the first and last third)",
+        "Cut completions still score differently within their groups (the reward's spread is there), so GRPO has "
+        "advantages to follow and the run learns within the budget it has; the cap is a choice, not a broken run.",
+        "Completions cut mid-thought may be why the reward is not higher: raising max_completion_length, or asking "
+        "for shorter answers, is worth a try. If the reward stops rising while every group scores alike, nothing is "
+        "learning any more (no_learning_signal).",
+        {"clipped_ratio_median": float(np.median(clipped)), "reward_first": a, "reward_last": b})
+
+
 def _component_std_vs_group_std(run: _Run) -> dict[str, Any] | None:
     rs_col = run.columns.get("reward_std")
     comps = [n for n in run.columns if n.startswith("rewards/") and n.endswith("/std")]
@@ -569,7 +614,7 @@ def _advantage_mean_zero(run: _Run) -> dict[str, Any] | None:
 _NOTES: tuple[Callable[[_Run], dict[str, Any] | None], ...] = (
     _loss_near_zero, _loss_negative, _loss_rising, _clip_ratio_zero, _grad_norm_above_max, _kl_rising,
     _reward_std_falling, _length_falling, _reward_zero_at_start, _component_std_vs_group_std, _is_ratio_not_one,
-    _reward_negative, _advantage_mean_zero,
+    _reward_negative, _advantage_mean_zero, _capped_but_learning,
 )
 _reported: set[str] = set()
 

@@ -30,6 +30,7 @@ from grpo_monitor.core.engine import Engine
 from grpo_monitor.core.recommend import Recommender, lineage_options
 from grpo_monitor.core.recommend import title as rec_title
 from grpo_monitor.core.exit_codes import ExitCode
+from grpo_monitor.analysis.explain import clipping_never_fired
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm")
@@ -315,7 +316,8 @@ def replay_with_coverage(
     engine.replay(src.steps, src.samples)
     # A segment of a restarted lineage: what earlier segments tried is shown as tried, not dropped.
     header = getattr(getattr(src, "run", None), "header", None)
-    recommender = Recommender(src.context.config, is_moe=src.context.is_moe, **lineage_options(header))
+    recommender = Recommender(src.context.config, is_moe=src.context.is_moe, clipping_never_fired=clipping_never_fired(src.steps),
+                              **lineage_options(header))
     # The pre-flight findings come first, as the live callback met them at the start.
     recs = [r for r in (recommender(f.to_dict()) for f in [*config_findings(src), *engine.findings]) if r is not None]
     if names is None:

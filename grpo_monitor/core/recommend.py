@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from grpo_monitor.detectors.numbers import finite
 from grpo_monitor.detectors.variants import EXTRA_ADVICE, VARIANT_PRESETS, preset
 
 VARIANT_NAMES = frozenset(VARIANT_PRESETS)
@@ -111,9 +112,12 @@ def recommend(
     return rec
 
 
-def _candidate(finding: Mapping[str, Any], config: dict[str, Any], *, is_moe: bool, tried: set[str]) -> dict[str, Any] | None:
+def _candidate(finding: Mapping[str, Any], config: dict[str, Any], *, is_moe: bool, tried: set[str],
+               clipping_never_fired: bool = False) -> dict[str, Any] | None:
     """What ``finding`` names, as a record, whatever its severity and whether or not it was tried:
-    None only when it names neither a variant, nor a remedy with its overrides, nor advice."""
+    None only when it names neither a variant, nor a remedy with its overrides, nor advice.
+    ``clipping_never_fired``: the log's clip ratios are 0 at every step, so a run whose config is unknown
+    is on-policy all the same."""
     if finding.get("detector") == MISMATCH_DETECTOR:
         return _mismatch_recommendation(finding, config, is_moe=is_moe, tried=tried)
     variant = finding.get("variant")
@@ -136,12 +140,16 @@ def _candidate(finding: Mapping[str, Any], config: dict[str, Any], *, is_moe: bo
     if diff and config.get("loss_type") == "dapo" and variant == "dapo" and "loss_type" not in diff:
         reasons.append("the run already uses TRL's token-level 'dapo' loss; what DAPO still adds is below")
     needs_off_policy = ("epsilon_high" in diff) or diff.get("importance_sampling_level") == "sequence"
-    if needs_off_policy and is_on_policy(config) and "steps_per_generation" not in diff:
+    on_policy = is_on_policy(config) or (clipping_never_fired and not config.get("num_iterations")
+                                          and not config.get("steps_per_generation"))
+    if needs_off_policy and on_policy and "steps_per_generation" not in diff:
         ga = int(config.get("gradient_accumulation_steps") or 1)
         diff["steps_per_generation"] = 4 * ga
         overrides["steps_per_generation"] = 4 * ga
+        why = ("its clip ratios are 0 at every logged step" if not is_on_policy(config)
+               else "importance ratio is 1, clipping never fires")
         reasons.append(
-            "the run is on-policy (importance ratio is 1, clipping never fires), so clip bounds only act "
+            f"the run is on-policy ({why}), so clip bounds only act "
             f"with off-policy steps: steps_per_generation={4 * ga}"
         )
     advice = EXTRA_ADVICE.get(variant, {})
@@ -227,16 +235,43 @@ def advice_of(finding: Mapping[str, Any]) -> str | None:
     return advice.strip() if isinstance(advice, str) and advice.strip() else None
 
 
+def within_evidence(overrides: dict[str, Any], finding: Mapping[str, Any],
+                    config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The overrides a finding's evidence supports, and why any other was refused: no ``max_grad_norm``
+    below the run's own typical norm (clipping there would clip most steps and freeze training), no
+    ``learning_rate`` cut deeper than ten times (or ten times the schedule's logged jump).
+
+    >>> within_evidence({"max_grad_norm": 5.7e-06}, {"evidence": {"recent_median": 0.1}}, {})[0]
+    {}
+    >>> within_evidence({"learning_rate": 1e-7}, {"evidence": {}}, {"learning_rate": 1e-5})[0]
+    {}
+    """
+    ev = finding.get("evidence") or {}
+    kept, refused = dict(overrides), []
+    mgn = finite(kept.get("max_grad_norm"))
+    typical = finite(ev.get("recent_median"))
+    if mgn is not None and typical is not None and mgn < typical:
+        kept.pop("max_grad_norm")
+        refused.append(f"max_grad_norm={mgn:g} is below the run's typical grad norm ({typical:g}): it would clip "
+                       "most steps and freeze training")
+    lr, lr0 = finite(kept.get("learning_rate")), finite(config.get("learning_rate"))
+    jump = finite(((ev.get("learning_rate_jump") or {}) if isinstance(ev.get("learning_rate_jump"), Mapping) else {}).get("ratio"))
+    if lr is not None and lr0 is not None and lr0 > 0 and lr < 0.999 * lr0 / (10.0 * max(jump or 1.0, 1.0)):
+        kept.pop("learning_rate")
+        refused.append(f"learning_rate={lr:g} cuts the configured {lr0:g} by more than the evidence supports")
+    return kept, refused
+
+
 def _remedy_recommendation(
     finding: Mapping[str, Any], config: dict[str, Any], remedy: str, *, is_moe: bool, tried: set[str]
 ) -> dict[str, Any]:
     """The finding's own overrides under the remedy's name. A policy that collapsed under its
     learning rate gets the same recipe at a lower one, from a checkpoint before the onset (the
     restart's checkpoint choice reads the finding's onset); on MoE, collapse remedies come with GSPO."""
-    overrides = dict(finding.get("config_overrides") or {})
+    overrides, refused = within_evidence(dict(finding.get("config_overrides") or {}), finding, config)
     variant = remedy
     head = f"{finding.get('detector')} ({finding.get('severity')}) at step {finding.get('step')}"
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"refused": refused} if refused else {}
     changes = ", ".join(f"{k} {config[k]!r} -> {v!r}" if k in config else f"{k}={v!r}" for k, v in overrides.items())
     if remedy == LOWER_LR and finding.get("detector") in COLLAPSE_DETECTORS:
         reasons = [f"{head}: the policy collapsed; resume before step {finding.get('onset_step')} with a lower learning rate"]
@@ -340,9 +375,12 @@ class Recommender:
     """
 
     def __init__(self, config: Mapping[str, Any] | None = None, *, is_moe: bool = False,
-                 tried: Iterable[str] | Mapping[str, int | None] = (), segment: int | None = None) -> None:
+                 tried: Iterable[str] | Mapping[str, int | None] = (), segment: int | None = None,
+                 clipping_never_fired: bool = False) -> None:
         self.config = dict(config or {})
         self.is_moe = is_moe
+        # Offline logs without the config: clip ratios logged as 0 at every step say the run is on-policy.
+        self.clipping_never_fired = clipping_never_fired
         self.lineage = tried_segments(tried, segment)
         # Tried in the lineage or recommended in this run: neither is recommended again.
         self.tried = set(self.lineage)
@@ -352,7 +390,8 @@ class Recommender:
         if finding.get("detector") == "moe_model_detected":
             # Foreign logs have no model facts: the run's own routing metrics say it is MoE.
             self.is_moe = True
-        rec = _candidate(finding, self.config, is_moe=self.is_moe, tried=self.tried)
+        rec = _candidate(finding, self.config, is_moe=self.is_moe, tried=self.tried,
+                         clipping_never_fired=self.clipping_never_fired)
         if rec is None:
             return None
         variant = rec["variant"]

@@ -26,6 +26,7 @@ from grpo_monitor.detectors.signals import (
     CorrectnessSource,
     EntropyTrack,
     LevelTrack,
+    completions_per_step,
     fair_sample,
     get,
     has_text_signals,
@@ -120,6 +121,9 @@ class DegenerateLongCot(Detector):
         # Logs without the config: the cap is the longest completion length, once several batches hit it.
         self._longest = 0.0
         self._longest_hits = 0
+        # An entropy bonus the run pays (TRL's entropy regularisation logs ``entropy_coef``): the likely cause.
+        bonus = (self.context.config or {}).get("entropy_coef")
+        self.entropy_bonus = bonus if isinstance(bonus, (int, float)) and not isinstance(bonus, bool) and bonus > 0 else None
         # The entropy a single point must reach before a recent median could show the rise.
         self._far_factor = 1.0 + 0.5 * (self.entropy_ratio - 1.0)
 
@@ -146,6 +150,9 @@ class DegenerateLongCot(Detector):
         if t is not None:
             self.total.push(step, t)
         self._cap_and_repetition(step, metrics, samples)
+        coef = get(metrics, "entropy_coef")
+        if coef is not None:
+            self.entropy_bonus = coef if coef > 0 else None
         if h is None and L is None and c is None:
             return None
         e_base = entropy.baseline.value
@@ -206,6 +213,18 @@ class DegenerateLongCot(Detector):
         k = self.clock.points()
         relax = 0.75 if self.in_episode else 1.0
         ev: dict[str, Any] = {"persist_points": k}
+        batch = completions_per_step(self.context.config, self.clipped.window.values)
+        self.confirm_points = 1
+        if not self.entropy.ready and batch is not None and batch <= 4:
+            # A handful of completions a point and no entropy to corroborate: one completion moves the
+            # truncated share by a quarter or more, so levels are medians over three times the points,
+            # and the pattern must hold at three points in a row.
+            k = min(len(self.clipped.window.values), 3 * k)
+            self.confirm_points = 3
+            ev["persist_points"] = k
+            ev["completions_per_point"] = batch
+        if self.entropy_bonus:
+            ev["entropy_bonus"] = self.entropy_bonus
         cap = self.length_cap
         signals: list[str] = []
         entropy_up = False
@@ -307,8 +326,12 @@ class DegenerateLongCot(Detector):
     def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
         sig = ", ".join(s.replace("_", " ") for s in evidence.get("signals", []))
         lead = "Completions have degenerated" if severity == "critical" else "Completions are degenerating"
+        bonus = evidence.get("entropy_bonus")
+        first = (f" The run pays an entropy bonus (entropy_coef={bonus}), which is what pushes entropy up: lower it "
+                 "or turn it off first." if bonus else "")
+        kind = "long, high-entropy text" if "entropy_up" in evidence.get("signals", []) else "long text at the length cap"
         return (
-            f"{lead} into long, high-entropy text ({sig}). Switch to DAPO with token-level loss and "
+            f"{lead} into {kind} ({sig}).{first} Switch to DAPO with token-level loss and "
             "mask_truncated_completions=True, and add the soft overlong punishment reward "
             "(trl.rewards.get_soft_overlong_punishment)."
         )

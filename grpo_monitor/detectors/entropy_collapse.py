@@ -15,7 +15,7 @@ from typing import Any
 
 from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, duplicate_key, get, groups_of
-from grpo_monitor.detectors.stats import Window, mann_kendall, median
+from grpo_monitor.detectors.stats import Window, mad_sigma, mann_kendall, median
 
 
 def duplicate_share(samples: Sequence[Sample], max_samples: int = 1024) -> float | None:
@@ -128,6 +128,7 @@ class EntropyCollapse(Detector):
         self.correct_base: float | None = None
         self.correct_first: list[float] = []
         self.correctness = CorrectnessSource(self.context)
+        self.fall_from: tuple[int, float] | None = None
         # (entropy, correctness) pairs for the R = -a exp(H) + b fit; thinned by halving when full.
         self.pairs: list[tuple[float, float]] = []
         self._pair_stride = 1
@@ -188,6 +189,12 @@ class EntropyCollapse(Detector):
         base = self.entropy.baseline.value
         if base is None:
             return Assessment(warming_up=True, evidence={"entropy": finite(h), "points": self.entropy.baseline.n})
+        # Correctness where the entropy left its settled band (reset when it comes back, a median of three
+        # points, so one spike does not): what the fall is judged against.
+        if (self.entropy.recent(3) or h) >= 0.9 * base:
+            self.fall_from = None
+        elif self.fall_from is None and len(self.correct):
+            self.fall_from = (step, median(self.correct.last(16)))
         return self._judge(step, h)
 
     def _judge(self, step: int, h: float) -> Assessment:
@@ -220,13 +227,19 @@ class EntropyCollapse(Detector):
                 ev["trend"] = mk.as_evidence()
                 falling = mk.p_down < self.alpha
         # Corroborators only matter once entropy is low; skipping them otherwise keeps healthy steps cheap.
-        corroborators = self._corroborators(k, ev) if ratio <= self.trend_ratio else []
+        corroborators = self._corroborators(k, ev, base) if ratio <= self.trend_ratio else []
         diversity = [c for c in corroborators if c != "correctness_stalled"]
         stalled = "correctness_stalled" in corroborators
         level = 0
-        # A falling entropy with fewer distinct rewards is also what success looks like (groups
-        # solved by every completion), so the trend path needs correctness to have stalled too.
-        if (strong_drop and corroborators) or (falling and diversity and stalled):
+        excuse = self._learning(ev, base) if corroborators else None
+        if excuse:
+            # Entropy spent on answers that are right: the groups lost their spread because they are solved.
+            ev["excused_by"] = excuse
+            corroborators = diversity = []
+        # A collapse costs diversity (groups turning alike), so either path needs a sign of it; a falling entropy
+        # with fewer distinct rewards is also what success looks like (groups solved by every completion), so the
+        # trend path needs correctness to have stalled too.
+        if (strong_drop and diversity) or (falling and diversity and stalled):
             level = 1
             if strong_drop and len(corroborators) >= 2 and diversity and self.episode_len >= 1:
                 level = 2
@@ -240,7 +253,7 @@ class EntropyCollapse(Detector):
                 ev["entropy_performance_fit"] = fit
         return Assessment(level=level, evidence=ev, onset_step=onset)
 
-    def _corroborators(self, k: int, ev: dict[str, Any]) -> list[str]:
+    def _corroborators(self, k: int, ev: dict[str, Any], base: float) -> list[str]:
         out = []
         zb, zr = self.zero_std.base, self.zero_std.level(k)
         if zb is not None and zr is not None:
@@ -258,15 +271,50 @@ class EntropyCollapse(Detector):
             ev["identical_completions_share"] = {"recent": finite(dr), "baseline": finite(db)}
             if dr >= db + 0.3:
                 out.append("identical_completions")
-        if self.correct_base is not None and len(self.correct) >= 6:
-            vals = self.correct.last(min(len(self.correct), 24))
-            mk = mann_kendall(vals)
-            recent = median(vals[-k:])
-            ev["correctness"] = {"metric": self.correctness.key, "recent": finite(recent), "baseline": finite(self.correct_base),
-                                 "p_up": finite(mk.p_up)}
-            if mk.p_up > 0.1:
+        during = self._since_the_fall(base)
+        if self.correct_base is not None and len(during) >= 8:
+            # Judged over the fall itself: a correctness that rose before the entropy fell says nothing of now.
+            mk = mann_kendall(during)
+            half = len(during) // 2
+            gain = median(during[half:]) - median(during[:half])
+            ev["correctness"] = {"metric": self.correctness.key, "recent": finite(median(during[-k:])),
+                                 "baseline": finite(self.correct_base), "p_up": finite(mk.p_up), "points": len(during),
+                                 "gain_over_the_fall": finite(gain)}
+            # Stalled: no upward trend over the fall, and no better than where the fall began.
+            if mk.p_up > 0.1 and gain <= max(0.05 * abs(self.correct_base), 0.02) and not self._gain_since_the_fall(ev):
                 out.append("correctness_stalled")
         return out
+
+    def _since_the_fall(self, base: float) -> list[float]:
+        """Correctness since the entropy left its settled band."""
+        if self.fall_from is None:
+            return []
+        return [v for s, v in zip(self.correct.steps, self.correct.values) if s >= self.fall_from[0]]
+
+    def _gain_since_the_fall(self, ev: dict[str, Any]) -> bool:
+        """Correctness now well above where it stood when the entropy began to fall: beyond three standard
+        errors of the difference of the two sixteen-point medians, and a twentieth of its level."""
+        if self.fall_from is None or len(self.correct) < 16 or self.correct_base is None:
+            return False
+        recent = list(self.correct.values)[-16:]
+        now = median(recent)
+        se = 1.2533 * mad_sigma(recent) * math.sqrt(2.0 / 16.0)
+        gain = now - self.fall_from[1]
+        ev["correctness_since_the_fall"] = {"from_step": self.fall_from[0], "then": finite(self.fall_from[1]),
+                                            "now": finite(now), "gain": finite(gain), "noise": finite(se)}
+        return gain > max(3.0 * se, 0.05 * abs(self.correct_base), 0.02)
+
+    def _learning(self, ev: dict[str, Any], base: float) -> str | None:
+        """Whether correctness says the run is learning while its entropy falls: saturated (a correctness share
+        near 1 with every group alike), or clearly higher than where it stood when the entropy began to fall.
+        None otherwise."""
+        if self.correct_base is None or len(self.correct) < 6:
+            return None
+        vals = list(self.correct.values)
+        zr = self.zero_std.level(3)
+        if zr is not None and zr >= 0.9 and 0.0 <= min(vals) and max(vals) <= 1.0 and median(vals[-3:]) >= 0.9:
+            return "saturated"  # the task is solved: no_learning_signal says so
+        return "correctness_rising" if self._gain_since_the_fall(ev) else None
 
     def _onset(self, base: float) -> int | None:
         # The change began at the first point of the trailing run below half the baseline.

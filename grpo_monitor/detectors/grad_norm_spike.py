@@ -76,6 +76,7 @@ class GradNormSpike(Detector):
         self._last_spike = False
         self._last_step = 0
         self.spikes: deque[tuple[int, float, bool]] = deque(maxlen=16)  # (step, ratio to median, clip spiked)
+        self.recent: deque[float] = deque(maxlen=16)  # every measured norm, spikes too: the run's level now
         self.clip: deque[float] = deque(maxlen=self.window)
         self.rewards: deque[float] = deque(maxlen=self.window)
         self.reward_before: float | None = None  # reward level before the current cluster of spikes
@@ -97,7 +98,13 @@ class GradNormSpike(Detector):
             self.clip.append(c)
         if g is None or g <= 0.0:
             return None  # a gap; a zero gradient is no_learning_signal's finding
+        fz, rs = get(metrics, "frac_reward_zero_std"), get(metrics, "reward_std")
+        if (fz is not None and fz >= 0.99) or (rs is not None and rs <= 1e-6):
+            # Every group scored alike: no advantage, so the norm is rounding noise of the other terms, not
+            # the learning gradient. It neither sets the trailing level nor counts as one.
+            return None
         lg = math.log(g)
+        self.recent.append(g)
         self.n += 1
         # A coarse log's points each stand for several steps: fewer of them make the trailing median.
         warm = self.min_points if self.clock.gap <= 2 else max(4, self.min_points // 2)
@@ -191,7 +198,13 @@ class GradNormSpike(Detector):
         if mgn is not None:
             ev["max_grad_norm"] = mgn
         target = float(f"{2.0 * med:.2g}")
-        if mgn is None or mgn <= 0 or mgn > 1.5 * target:
+        typical = median(self.recent) if self.recent else med
+        if target < typical:
+            # Clipping there would clip most of the latest steps: the norm's level itself moved (a run waking
+            # up, a new phase), and a bound below it would freeze training. No flag is the right advice.
+            ev["recent_median"] = finite(typical)
+            ev["max_grad_norm_refused"] = target
+        elif mgn is None or mgn <= 0 or mgn > 1.5 * target:
             ev["remedy"] = "lower_max_grad_norm"
             ev["recommended_max_grad_norm"] = target
         else:

@@ -161,6 +161,10 @@ class LengthCollapse(Detector):
         if cor == "rising":
             ev["verdict"] = "shorter and more correct: concise answers"
             return Assessment(level=0, evidence=ev)
+        if cor == "flat" and self._correct_high(ev):
+            # A task the model already answers right 80% of the time or more, still as often: it stopped padding.
+            ev["verdict"] = "shorter at a high, unchanged correctness: concise answers"
+            return Assessment(level=0, evidence=ev)
         paying = self._length_reward_rising(ev)
         if paying:
             ev["deferred_to"] = "reward_component_divergence"
@@ -208,6 +212,13 @@ class LengthCollapse(Detector):
         if now > base + tol_up:
             return "rising"
         return "falling" if now < base - tol else "flat"
+
+    def _correct_high(self, ev: dict[str, Any]) -> bool:
+        """Correctness is a share (every value in [0, 1]) and its recent level is at least 0.8."""
+        vals = list(self.correct.values)
+        cor = ev.get("correctness") or {}
+        now = cor.get("recent")
+        return bool(vals) and 0.0 <= min(vals) and max(vals) <= 1.0 and now is not None and now >= 0.8
 
     def _point_noise(self) -> tuple[float, int]:
         """Robust sigma of correctness from successive differences across the window, and its

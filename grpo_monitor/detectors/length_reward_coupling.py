@@ -218,11 +218,11 @@ class LengthRewardCoupling(Detector):
                              "recent": finite(median(cv[-k:]))}
         stalled = elasticity <= self.stall_elasticity * (1.5 if self.in_episode else 1.0)
         falling = mk_c.p_down < 0.05
-        # A jump of entropy and truncation is degeneration, not a length trend: leave it to that
-        # detector, unless the total reward rises with the length (the reward pays for length,
-        # which is coupling whatever entropy does).
+        # Entropy rising with the length, or truncation jumping, is degeneration (DAPO 3.3: entropy and length
+        # rise together), not a length trend: leave it to that detector, unless the total reward rises with the
+        # length (the reward pays for length, which is coupling whatever entropy does).
         degenerate = False
-        if self.entropy.ready and (self.entropy.ratio(k) or 0.0) >= 2.5:
+        if self.entropy.ready and (self.entropy.ratio(k) or 0.0) >= 1.5:
             degenerate = True
         if len(self.clipped) and median(self.clipped.last(k)) >= 0.5:
             degenerate = True

@@ -14,12 +14,13 @@ that never had a spread is told the task is too hard or the reward never pays.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
-from grpo_monitor.detectors.signals import EntropyTrack, get
-from grpo_monitor.detectors.stats import Window
+from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, get
+from grpo_monitor.detectors.stats import Window, median
 from grpo_monitor.detectors.sudden_collapse import REMEDY, lowered_learning_rate
 
 
@@ -69,6 +70,18 @@ class NoLearningSignal(Detector):
         self.last_signal_step: int | None = None
         self.best_reward: float | None = None
         self.lost = False
+        self.correctness = CorrectnessSource(self.context)
+        self.correct_recent: deque[float] = deque(maxlen=5)
+        self.correct_unit = True  # every correctness value seen lies in [0, 1]
+
+    def _solved(self, ev: dict[str, Any]) -> bool:
+        """Saturated on the correctness share itself (near 1 with every group alike): the task is solved, the
+        signal is not lost to a collapse. Without a correctness share in [0, 1] this is not told apart."""
+        if ev.get("signal") != "saturated" or not self.correct_recent or not self.correct_unit:
+            return False
+        c = median(self.correct_recent)
+        ev["correctness"] = {"metric": self.correctness.key, "recent": c}
+        return c >= 0.9
 
     def _conditions(self, fz: float | None, cr: float | None, rs: float | None, gn: float | None) -> list[str]:
         """The no-signal conditions holding at a step with these ``frac_reward_zero_std``,
@@ -99,6 +112,10 @@ class NoLearningSignal(Detector):
         r = get(metrics, "reward")
         if r is not None:
             self.last_reward = r
+        c = self.correctness.value(metrics) if self.correctness.fixed or self.correctness.name is None else None
+        if c is not None and self.correctness.name is not None:
+            self.correct_recent.append(c)
+            self.correct_unit = self.correct_unit and 0.0 <= c <= 1.0
         flags = self.flags
         if conds:
             flags.push(step, len(conds))
@@ -120,17 +137,12 @@ class NoLearningSignal(Detector):
         need = max(2, min(k, -(-self.persist_steps // max(1, self.clock.gap)) + 1))
         sustained = run >= need and covered >= self.persist_steps
         long_sustained = run >= 2 * need and covered >= 2 * self.persist_steps
+        if self.signal_points == 0 and len(conds) < 2:
+            # No group has differed since the first step, on one sign alone: a model often needs a while before
+            # its completions differ at all, so the stretch that counts is three (then six) times as long.
+            sustained = sustained and covered >= 3 * self.persist_steps
+            long_sustained = long_sustained and covered >= 6 * self.persist_steps
         ev = _evidence(conds, run, k, self.level)
-        deferred = None
-        ratio = self.entropy.ratio(2)
-        if ratio is not None:
-            ev["entropy_ratio_to_baseline"] = finite(ratio)
-            if ratio >= self.defer_high:
-                deferred = "degenerate_long_cot"
-            elif ratio <= self.defer_low:
-                deferred = "entropy_collapse"
-        if deferred:
-            ev["deferred_to"] = deferred
         if self.last_reward is not None:
             ev["reward"] = self.last_reward
         ev["signal"] = "never_had"
@@ -144,6 +156,17 @@ class NoLearningSignal(Detector):
             else:
                 # Every group scoring alike at the best reward is a solved task, not a lost signal.
                 ev["signal"] = "lost" if now < best - 0.5 * max(abs(best), 1e-9) else "saturated"
+        deferred = None
+        ratio = self.entropy.ratio(2)
+        if ratio is not None:
+            ev["entropy_ratio_to_baseline"] = finite(ratio)
+            if ratio >= self.defer_high:
+                deferred = "degenerate_long_cot"
+            elif ratio <= self.defer_low and not self._solved(ev):
+                # (A solved task's entropy falls too: there the saturation is the finding, not a collapse.)
+                deferred = "entropy_collapse"
+        if deferred:
+            ev["deferred_to"] = deferred
         self.lost = ev["signal"] == "lost"
         if self.lost:
             lr = lowered_learning_rate(self.context.config)
@@ -178,6 +201,9 @@ class NoLearningSignal(Detector):
         if "all_truncated" in conds:
             cap = f" (now {self.cap}; try {2 * self.cap} or more)" if self.cap else ""
             advice = f"every completion is cut at the length cap: raise max_completion_length{cap} or ask for shorter answers."
+        elif evidence.get("signal") == "saturated":
+            advice = (f"the task is solved: every group scores alike at the run's best reward ({reward}), so nothing is left "
+                      "to learn from; use harder prompts, or stop the run.")
         elif reward is not None and reward <= 0:
             advice = "every completion scores the same zero reward: the task is too hard for the model or the reward never pays; use easier prompts or partial credit."
         else:

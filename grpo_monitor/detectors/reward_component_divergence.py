@@ -4,11 +4,20 @@ A format reward climbing to its ceiling while correctness stays flat or falls me
 function or the prompt format is wrong (TRL issue 5298, open-r1 407). The advice is to inspect the
 reward function on sampled outputs before tuning anything (recipe step 8); no variant fixes it.
 Components named after length are left to the length-reward coupling detector.
+
+Real runs learn their format first: while a component still climbs, a correctness reward that pays
+only for a strictly formatted answer cannot move yet (the Unsloth notebooks' rewards are built that
+way), so a rise is judged once the components have stopped climbing. Correctness is judged on its
+median and on its mean: a sparse reward (one correct completion in a batch now and then) has a
+median of 0 while its mean climbs.
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Collection, Mapping, Sequence
+from statistics import fmean, variance
 from typing import Any
 
 from grpo_monitor.detectors.base import (  # noqa: F401  (RunContext: doctest)
@@ -19,6 +28,7 @@ from grpo_monitor.detectors.base import (  # noqa: F401  (RunContext: doctest)
     Sample,
     check_float,
     check_int,
+    finite,
 )
 from grpo_monitor.detectors.signals import (
     CorrectnessSource,
@@ -28,11 +38,13 @@ from grpo_monitor.detectors.signals import (
     resolve_correctness,
     reward_names_in,
 )
-from grpo_monitor.detectors.stats import mann_kendall
+from grpo_monitor.detectors.stats import mann_kendall, median
 
 
 # A component's recent level at this share of its running maximum counts as at its ceiling.
 _CEILING = 0.9
+# Points of correctness whose means are compared: its first ones and its latest ones.
+_MEAN_POINTS = 24
 
 
 class RewardComponentDivergence(Detector):
@@ -41,14 +53,14 @@ class RewardComponentDivergence(Detector):
     Parameters: ``rise`` (gain of the component, relative to its level, that counts as a large
     rise), ``noise_z`` (the gain must also exceed this many baseline noise sigmas),
     ``persist_points``/``persist_steps`` (the pattern must hold for this many logged points and
-    training steps in a row), ``max_components`` (components tracked at most), ``saturated_steps``
+    training steps in a row; critical once correctness has stayed put ``saturated_steps`` after it began), ``max_components`` (components tracked at most), ``saturated_steps``
     (training steps a shaping or format component must sit at its ceiling, with correctness near zero
     and not trending up, to count without a rise: a reward saturated from the start never rises).
 
     >>> det = RewardComponentDivergence()
     >>> det.start(RunContext(correctness_reward="correct"))
     >>> found = []
-    >>> for step in range(1, 121):
+    >>> for step in range(1, 161):
     ...     fmt = 0.1 if step < 40 else min(0.98, 0.1 + 0.03 * (step - 40))
     ...     found += det.update(step, {"rewards/correct/mean": 0.3 + 0.01 * (step % 3), "rewards/format/mean": fmt})
     >>> [(f.severity, f.evidence["component"]) for f in found]
@@ -67,7 +79,7 @@ class RewardComponentDivergence(Detector):
             return f"needs another reward component besides {correct}"
         return None
 
-    def __init__(self, rise: float = 0.3, noise_z: float = 4.0, persist_points: int = 2, persist_steps: int = 10,
+    def __init__(self, rise: float = 0.3, noise_z: float = 4.0, persist_points: int = 2, persist_steps: int = 20,
                  max_components: int = 16, saturated_steps: int = 50) -> None:
         self.rise = check_float("rise", rise, 0.0, 100.0, low_open=True)
         self.noise_z = check_float("noise_z", noise_z, 0.0, 1e6)
@@ -80,6 +92,9 @@ class RewardComponentDivergence(Detector):
     def _reset_state(self) -> None:
         self.correctness = CorrectnessSource(self.context)
         self.correct = LevelTrack(window=32, half=3, tol=10.0, positive=False, min_span=20)
+        # Correctness's first points (the level its mean is judged against) and its latest ones.
+        self.c_first: list[float] = []
+        self.c_last: deque[float] = deque(maxlen=_MEAN_POINTS)
         self.components: dict[str, _Component] = {}
         self.confirm_points, self.confirm_steps = self.persist_points, self.persist_steps
         self._live = False
@@ -88,6 +103,9 @@ class RewardComponentDivergence(Detector):
         c = self.correctness.value(metrics)
         if c is not None:
             self.correct.push(step, c)
+            if len(self.c_first) < _MEAN_POINTS:
+                self.c_first.append(c)
+            self.c_last.append(c)
         correct_name = self.correctness.name
         pushed = 0
         for name in reward_names_in(metrics.keys()):
@@ -163,23 +181,55 @@ class RewardComponentDivergence(Detector):
             ev["component"] = name
             ev[name] = {"recent": r, "baseline": b, "gain": r - b, "threshold": need}
             c_flat = c_falling = False
+            climbing: list[str] = []
             if score >= 1.0 / relax:
                 # The trend test only runs once a component has risen: healthy steps stay cheap.
                 mk = mann_kendall(self.correct.window.last(24))
-                c_flat = (cr - cb) <= max(2 * cn, 0.1 * abs(cb)) * relax and mk.p_up > 0.1 / relax
+                mean_gain = self._mean_gain(ev["correctness"])
+                c_flat = ((cr - cb) <= max(2 * cn, 0.1 * abs(cb)) * relax and mk.p_up > 0.1 / relax
+                          and mean_gain < 2.0 * relax)
                 c_falling = mk.p_down < 0.05 and cr < cb
                 ev["correctness"].update(trend=mk.as_evidence(), flat_or_falling=c_flat or c_falling)
-            if score >= 1.0 / relax and (c_flat or c_falling):
+                climbing = self._climbing()
+                if climbing:
+                    ev["still_climbing"] = climbing
+            if score >= 1.0 / relax and (c_flat or c_falling) and not (climbing and not c_falling):
                 level = 1
-                recent = self.components[name].track.window.last(6)
-                saturated = len(recent) >= 4 and mann_kendall(recent).p_up > 0.05
-                ev["component_saturated"] = saturated
-                if self.episode_len >= self.confirm_points or (c_falling and self.episode_len >= 1):
+                if self.episode_len >= self.confirm_points and (
+                        c_falling or step - (self.episode_start or step) >= self.saturated_steps):
+                    # Critical once correctness has stayed put for a stretch after the climb ended.
                     level = 2
         onset = None
         if level == 0:
             level, onset = self._saturated(step, k, cr, ev)
         return Assessment(level=level, evidence=ev, onset_step=onset)
+
+    def _mean_gain(self, ev: dict[str, Any]) -> float:
+        """Correctness's latest mean over its first points' mean, in standard errors of the difference."""
+        first, last = self.c_first, list(self.c_last)
+        if len(first) < 4 or len(last) < 4:
+            return 0.0
+        m0, m1 = fmean(first), fmean(last)
+        se = math.sqrt(variance(first) / len(first) + variance(last) / len(last))
+        z = (m1 - m0) / se if se > 0 else (math.inf if m1 > m0 else 0.0)
+        ev["mean"] = {"first": finite(m0), "recent": finite(m1), "z": finite(z)}
+        return z
+
+    def _climbing(self) -> list[str]:
+        """Components still climbing over the last stretch (about 24 steps, at least 4 points): a significant
+        up-trend that gained at least a quarter of the component's whole range over it (a plateau's last creep
+        does not count)."""
+        n = max(4, self.clock.points_for(24, 4))
+        out = []
+        for name, comp in self.components.items():
+            pts = comp.track.window.last(n)
+            if comp.length_named or len(pts) < 4 or comp.top is None or comp.low is None:
+                continue
+            third = max(1, len(pts) // 3)
+            climb = median(pts[-third:]) - median(pts[:third])
+            if climb >= 0.25 * (comp.top - comp.low) and climb > 0 and mann_kendall(pts).p_up < 0.05:
+                out.append(name)
+        return out
 
     def _saturated(self, step: int, k: int, cr: float, ev: dict[str, Any]) -> tuple[int, int | None]:
         """A shaping or format component pinned at its ceiling for ``saturated_steps`` while correctness
@@ -235,15 +285,18 @@ class _Component:
     (the median of its last five points at least ``_CEILING`` of that maximum)."""
 
     def __init__(self, length_named: bool) -> None:
-        self.track = LevelTrack(window=16, half=3, tol=10.0, positive=False, min_span=20)
+        self.track = LevelTrack(window=48, half=3, tol=10.0, positive=False, min_span=20)
         self.length_named = length_named
         self.top: float | None = None
+        self.low: float | None = None
         self.since: int | None = None  # first step of the current stretch at the ceiling
 
     def push(self, step: int, v: float) -> None:
         self.track.push(step, v)
         if self.top is None or v > self.top:
             self.top = v
+        if self.low is None or v < self.low:
+            self.low = v
         level = self.track.recent(5)
         if self.top > 0 and level is not None and level >= _CEILING * self.top:
             if self.since is None:

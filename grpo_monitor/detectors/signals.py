@@ -32,6 +32,48 @@ def get(metrics: Mapping[str, Any], key: str) -> float | None:
     return finite(metrics.get(key))
 
 
+def batch_size_hint(shares: Iterable[float], most: int = 16) -> int | None:
+    """The number of completions a logged share was counted over, where every share reads as ``k / n`` for
+    one small ``n`` (``completions/clipped_ratio`` of a two-completion batch is 0, 0.5 or 1); None when the
+    shares are finer than ``most`` or too few differ from 0 and 1 to tell.
+
+    >>> batch_size_hint([0.0, 0.5, 1.0, 0.5, 0.0]), batch_size_hint([0.25, 0.75, 0.5]), batch_size_hint([0.13, 0.5])
+    (2, 4, None)
+    """
+    vals = [v for v in shares if 0.0 < v < 1.0]
+    if not vals:
+        return None
+    for n in range(2, most + 1):
+        if all(abs(v * n - round(v * n)) < 1e-6 for v in vals):
+            return n
+    return None
+
+
+def completions_per_step(config: Mapping[str, Any] | None, shares: Iterable[float] = ()) -> int | None:
+    """How many completions one logged step averages over: read off its shares (``batch_size_hint``), else
+    from the config (``per_device_train_batch_size`` times ``gradient_accumulation_steps``, at least one group
+    of ``num_generations`` per micro-batch, one process: a lower bound); None when neither tells.
+
+    >>> completions_per_step({"per_device_train_batch_size": 1, "num_generations": 2}), completions_per_step({})
+    (2, None)
+    >>> completions_per_step({"per_device_train_batch_size": 8}, [0.0, 0.25, 0.75])
+    4
+    """
+    hint = batch_size_hint(shares)
+    if hint is not None:
+        return hint
+    cfg = config or {}
+
+    def setting(name: str) -> int | None:
+        v = cfg.get(name)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    per_device, groups = setting("per_device_train_batch_size"), setting("num_generations")
+    if per_device is None and groups is None:
+        return None
+    return max(per_device or 0, groups or 0) * (setting("gradient_accumulation_steps") or 1)
+
+
 def component_key(name: str) -> str:
     return f"rewards/{name}/mean"
 

@@ -1,14 +1,18 @@
-"""Sudden collapse: the reward crashes from its running best within a few steps and stays down.
+"""Sudden collapse: the reward's level crashes within a few steps and stays down.
 
 The commonest failure users report (runs that die between step 60 and 650, often reproducibly): the
 crash itself takes one to five steps, completions turn to gibberish or one repeated token at the
 length cap, groups score all alike. What came before it is the evidence a user needs: a learning
 rate that jumped, gradient-norm spikes, KL growing, entropy moving away from its level.
 
-Everything is relative to the run itself: the crash line lies below the running best by the larger
-of ``z`` times the reward's own step-to-step noise (a robust scale of its differences while healthy)
-and ``drop_frac`` of the reward's scale (its gain over the run, or its level). A slow decline is not
-a crash: within ``max_crash_steps`` before it the reward must still have stood near its best.
+Everything is relative to the run itself, and to its level, not to an extreme value: the level is the
+median of the last ``level_points`` healthy points (the running best of a noisy series is its luckiest
+batch, not a level). A point more than ``point_z`` times the reward's own step-to-step noise (a robust
+scale of its differences while healthy) and ``drop_frac`` of the reward's scale (its gain over the run,
+or its level) below that level starts a fall; the fall is a crash once the median of its points lies
+below the level by ``z`` standard errors of the two medians' difference, so one wild batch of a noisy
+reward never is, and a sustained fall of a quieter one soon is. A slow decline is not a crash: within
+``max_crash_steps`` before it the reward must still have stood near its level.
 
 The finding names the last healthy step. The update made at that step may already be the one that
 broke the policy (its completions were sampled before it), so the checkpoint to resume from is the
@@ -23,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
-from grpo_monitor.detectors.signals import fair_sample, get, sample_top_word_share
-from grpo_monitor.detectors.stats import Window, median
+from grpo_monitor.detectors.signals import completions_per_step, fair_sample, get, sample_top_word_share
+from grpo_monitor.detectors.stats import Window, mad_sigma, median
 
 # What the recommendation calls the change (not a GRPO variant: the run's own settings, resumed earlier).
 REMEDY = "lower_learning_rate"
@@ -102,14 +106,15 @@ class _Series:
 
 
 class SuddenCollapse(Detector):
-    """Reward falling sharply below its running best, fast, and staying there.
+    """The reward's level falling sharply, fast, and staying there.
 
-    Parameters: ``z`` (the crash line lies at least this many noise units below the best),
-    ``drop_frac`` (and at least this share of the reward's scale), ``max_crash_steps`` (within this
-    many training steps before the first point below the line, the reward stood within a quarter of the
-    drop from its best: the fall came at once; slower declines are left to other detectors),
-    ``min_points`` (healthy logged points before judging), ``window`` (healthy points kept for the
-    noise estimate and the precursors' baselines), ``lr_factor`` (the recommended learning rate is the
+    Parameters: ``z`` (the fall's median lies this many standard errors below the level), ``point_z`` (a
+    point this many noise units below the level starts a fall), ``drop_frac`` (and a fall is at least this
+    share of the reward's scale), ``level_points`` (healthy points whose median is the level),
+    ``max_crash_steps`` (within this many training steps before the first point of the fall, the reward
+    stood near its level: the fall came at once; slower declines are left to other detectors),
+    ``min_points`` (healthy logged points before judging), ``window`` (healthy points kept for the noise
+    estimate and the precursors' baselines), ``lr_factor`` (the recommended learning rate is the
     configured one divided by this).
 
     >>> det = SuddenCollapse()
@@ -126,10 +131,12 @@ class SuddenCollapse(Detector):
     variant = None
     requires = (("reward",),)
 
-    def __init__(self, z: float = 6.0, drop_frac: float = 0.5, max_crash_steps: int = 5, min_points: int = 8,
-                 window: int = 64, lr_factor: float = 10.0) -> None:
+    def __init__(self, z: float = 5.0, point_z: float = 3.0, drop_frac: float = 0.5, level_points: int = 16,
+                 max_crash_steps: int = 5, min_points: int = 8, window: int = 64, lr_factor: float = 10.0) -> None:
         self.z = check_float("z", z, 0.0, 1e3, low_open=True)
+        self.point_z = check_float("point_z", point_z, 0.0, 1e3, low_open=True)
         self.drop_frac = check_float("drop_frac", drop_frac, 0.0, 1.0, low_open=True)
+        self.level_points = check_int("level_points", level_points, 3)
         self.max_crash_steps = check_int("max_crash_steps", max_crash_steps, 1)
         self.min_points = check_int("min_points", min_points, 4)
         self.window = check_int("window", window, 8)
@@ -138,16 +145,21 @@ class SuddenCollapse(Detector):
 
     def _reset_state(self) -> None:
         self.rewards = Window(self.window)  # healthy points only
-        # The best is the running maximum of a five-point median: a spike of one or two points does not set it.
+        # Every point before the current fall, low ones included: what the reward's own distribution produces
+        # (long enough to hold its tails).
+        self.seen: deque[float] = deque(maxlen=8 * self.window)
+        self.judged = 0  # points tested so far: the family a false crash would come from
         self.first: list[float] = []
-        self.last5: deque[float] = deque(maxlen=5)
+        # The best level the run reached (the running maximum of the level): the reward's scale.
         self.best: float | None = None
         self.best_step: int | None = None
-        self.healthy_step: int | None = None  # last step above the crash line
-        # The trailing run of points below the line: its length, first step and last few points.
+        self.healthy_step: int | None = None  # last step above the line
+        # The trailing run of points below the line: its length, first step, its points, and the level and
+        # noise it fell from (the healthy window does not move while it lasts).
         self.crash_n = 0
         self.crash_first: int | None = None
         self.crash: deque[tuple[int, float]] = deque(maxlen=8)
+        self.fell_from: tuple[float, float] | None = None
         self.sudden = False
         self.pre_level: float | None = None
         self.degenerating = False
@@ -158,12 +170,12 @@ class SuddenCollapse(Detector):
         self.series = {k: _Series(self.window) for k in _SERIES}
         self.rep_recent: float | None = None
         self.lr_jump = 1.0
-        self.noise_limited = False
 
     # -- statistics -------------------------------------------------------------------------------
 
     def _noise(self) -> float:
-        """Robust step-to-step noise of the healthy reward window."""
+        """Robust noise of the healthy reward window: the larger of its step-to-step noise and its spread
+        around its median (a reward that wanders, or has heavy tails, is judged by how far it strays)."""
         v = list(self.rewards.values)
         diffs = sorted(abs(b - a) for a, b in zip(v, v[1:]))
         if not diffs:
@@ -171,19 +183,42 @@ class SuddenCollapse(Detector):
         # The mean absolute difference of two independent normal draws is 2 sigma / sqrt(pi). Its top
         # tenth is trimmed (spikes); unlike a median it does not jump on coarse rewards (k/8).
         k = max(1, math.ceil(0.9 * len(diffs)))
-        return sum(diffs[:k]) / k * math.sqrt(math.pi) / 2
+        step_noise = sum(diffs[:k]) / k * math.sqrt(math.pi) / 2
+        return max(step_noise, mad_sigma(v))
 
-    def _need(self, best: float) -> tuple[float, float, float]:
-        """(drop needed below ``best``, noise, scale). A reward too noisy for the line to sit within the
-        reward's own scale gets the line at 0.8 of it, and then only a changed text confirms."""
-        sigma = self._sigma
+    def _level(self) -> float:
+        return median(self.rewards.last(self.level_points))
+
+    def _scale(self) -> float:
+        best = self.best if self.best is not None else self._level()
         start = median(self.first) if self.first else best
-        scale = max(best - start, abs(best))
-        need = max(self.z * sigma, self.drop_frac * scale, 1e-9)
-        self.noise_limited = need > 0.8 * scale
-        if self.noise_limited and scale > 0:
-            need = min(need, 0.8 * scale)
-        return need, sigma, scale
+        return max(best - start, abs(best))
+
+    def _chance(self, points: list[float]) -> float:
+        """How likely the run's own recent rewards give a fall this deep: the probability that more than half of
+        ``len(points)`` draws from them lie at or below the fall's median (the binomial tail of their empirical
+        share there, counted with half a point more below, so a value never seen yet is rare, not impossible).
+        A small batch's discrete reward (two completions: 0, 1 or 2) falls to its floor now and then; this says
+        how often."""
+        x = median(points)
+        n = len(self.seen)
+        p = (sum(1 for v in self.seen if v <= x) + 0.5) / (n + 1)
+        m = len(points)
+        need = m // 2 + 1  # more than half of them (both of two)
+        return sum(math.comb(m, j) * p**j * (1 - p) ** (m - j) for j in range(need, m + 1))
+
+    def _floor_chance(self, m: int) -> float:
+        """The smallest ``_chance`` the history can give ``m`` points: all of them below every value seen."""
+        p = 0.5 / (len(self.seen) + 1)
+        need = m // 2 + 1
+        return sum(math.comb(m, j) * p**j * (1 - p) ** (m - j) for j in range(need, m + 1))
+
+    def _fall_needed(self, m: int, sigma: float, scale: float) -> float:
+        """How far the median of a fall of ``m`` points must lie below the level: ``z`` standard errors of
+        the difference of the two medians (1.2533 sigma / sqrt(n) each), and ``drop_frac`` of the scale."""
+        n = min(len(self.rewards), self.level_points)
+        se = 1.2533 * sigma * math.sqrt(1.0 / m + 1.0 / n)
+        return max(self.z * se, self.drop_frac * scale, 1e-9)
 
     # -- per step ---------------------------------------------------------------------------------
 
@@ -193,45 +228,49 @@ class SuddenCollapse(Detector):
             return None
         if len(self.first) < 3:
             self.first.append(r)
-        best = self.best
-        ready = best is not None and len(self.rewards) >= self.min_points
+        ready = len(self.rewards) >= self.min_points
         if ready:
+            self.judged += 1
             if self._pushes - self._sigma_at >= 4:
                 self._sigma, self._sigma_at = self._noise(), self._pushes
-            need, sigma, scale = self._need(best)
-            line = best - need
+            level, sigma = self.fell_from if self.crash_n else (self._level(), self._sigma)
+            scale = self._scale()
+            line = level - max(self.point_z * sigma, self.drop_frac * scale, 1e-9)
         else:
-            need = sigma = scale = 0.0
+            level = sigma = scale = 0.0
             line = -math.inf
         below = r < line
         if below:
             if not self.crash_n:
                 self.crash_first = step
+                self.fell_from = (level, sigma)
                 # Sudden: within ``max_crash_steps`` before the first point below the line, the reward
-                # still stood near its best (within a quarter of the drop), so the fall came at once.
+                # still stood near its level (within a quarter of the gap to the line): the fall came at once.
                 limit = max(self.max_crash_steps, self.clock.gap)
                 pre = [v for s, v in zip(self.rewards.steps, self.rewards.values) if s >= step - limit]
                 if not pre and len(self.rewards):
                     pre = [self.rewards.values[-1]]
                 self.pre_level = max(pre) if pre else None
-                self.sudden = self.pre_level is not None and self.pre_level >= line + 0.75 * need
+                self.sudden = self.pre_level is not None and self.pre_level >= line + 0.75 * (level - line)
                 self.degenerating = self._degenerating(step - limit)
             self.crash.append((step, r))
             self.crash_n += 1
         else:
             if self.crash_n:
+                self.seen.extend(v for _, v in self.crash)  # a fall that did not last is part of the distribution
                 self.crash.clear()
                 self.crash_n = 0
                 self.crash_first = None
+                self.fell_from = None
                 self.sudden = False  # set only on a point below the line
             self.healthy_step = step
+            self.seen.append(r)
             self.rewards.push(step, r)
             self._pushes += 1
-            self.last5.append(r)
-            if len(self.last5) >= 5:
-                level = median(self.last5)
-                if self.best is None or level > self.best:
-                    self.best, self.best_step = level, step
+            if len(self.rewards) >= self.min_points:
+                now = self._level()
+                if self.best is None or now > self.best:
+                    self.best, self.best_step = now, step
         for key, series in self.series.items():
             series.push(step, get(metrics, key), healthy=not below)
         if below and samples:
@@ -239,17 +278,22 @@ class SuddenCollapse(Detector):
             self.rep_recent = single_token_share(samples)
         if not ready:
             return Assessment(warming_up=True, evidence={"reward": r, "points": len(self.rewards)})
-        ev = self._evidence_of(r, self.best, self.best_step, line, sigma, scale)
+        ev = self._evidence_of(r, level, line, sigma, scale)
         if not self.crash_n:
             return Assessment(0, ev)
         if not self.sudden or self.degenerating:
             ev["decline"] = "after_degeneration" if self.sudden else "gradual"
             return Assessment(0, ev)
         last = self.healthy_step
+        points = [v for _, v in self.crash]
+        fall = level - median(points)
+        needed = self._fall_needed(len(points), sigma, scale)
         ev["last_healthy_step"] = last
         ev["crash_points"] = self.crash_n
         ev["crash_steps"] = [s for s, _ in self.crash]
-        ev["crash_rewards"] = [v for _, v in self.crash]
+        ev["crash_rewards"] = points
+        ev["fall"] = fall
+        ev["fall_needed"] = needed
         ev["best_just_before_crash"] = finite(self.pre_level)
         precursors = self._precursors(ev, last)
         ev["precursors"] = precursors
@@ -259,29 +303,47 @@ class SuddenCollapse(Detector):
             ev["learning_rate"] = {"configured": finite(self.context.config.get("learning_rate")), "recommended": new_lr}
         # One point below the line is first evidence only when the text changed with the score (the
         # cap, entropy far off its level, one repeated token), with all-alike groups or two such signs:
-        # a batch of hard prompts scores low with ordinary text. Two points in a row confirm.
+        # a batch of hard prompts scores low with ordinary text. Two points in a row confirm. Either way
+        # the fall's median must lie beyond what the run's own noise explains.
         text_signs = {"completions_to_cap", "entropy_moved", "one_repeated_token"} & set(precursors)
-        n = self.crash_n
-        if self.noise_limited:
-            ev["noise_limited"] = True
-            if not text_signs:
-                n = 0
+        chance = self._chance(points)
+        ev["chance_of_such_a_fall"] = chance
+        # Beyond the noise, and rare under the run's own distribution: rare enough that a run of this length
+        # would show one by chance with odds of at most 1 in 100 (Bonferroni over every point tested); a single
+        # point, which needs changed text to back it, at 1 in 20 on its own.
+        alpha = 0.01 / max(self.judged, 20) if len(points) > 1 else 0.05
+        ev["rare_below"] = alpha
+        rare = chance < alpha
+        if not rare and len(points) > 1 and self._floor_chance(len(points)) >= alpha and self.seen:
+            # Too short a history to resolve odds that small (a coarse log's first dozens of points): a fall
+            # below every reward the run has shown is as rare as this history can tell.
+            rare = max(points) < min(self.seen)
+            ev["below_every_reward_seen"] = rare
+        n = self.crash_n if fall >= needed and rare else 0
+        batch = completions_per_step(self.context.config, self.series["completions/clipped_ratio"].recent.values)
+        if batch is not None and batch <= 4:
+            # A mean over a handful of completions reaches its floor by chance now and then (two completions
+            # both cut at the cap): only a fall that lasts counts, and changed text no longer shortens it.
+            ev["completions_per_point"] = batch
+            n = n - 2 if n >= 3 else 0
+            text_signs = set()
         if n >= 3 or (n == 2 and text_signs):
-            level = 2
-        elif n == 2 or (text_signs and ("all_groups_alike" in precursors or len(text_signs) >= 2)):
-            level = 1
+            level_ = 2
+        elif n == 2 or (n == 1 and text_signs and ("all_groups_alike" in precursors or len(text_signs) >= 2)):
+            level_ = 1
         else:
-            level = 0
+            level_ = 0
         onset = last if last is not None else self.crash_first
-        return Assessment(level=level, evidence=ev, onset_step=onset if level else None)
+        return Assessment(level=level_, evidence=ev, onset_step=onset if level_ else None)
 
-    def _evidence_of(self, r: float, best: float | None, best_step: int | None, line: float, sigma: float,
-                     scale: float) -> dict[str, Any]:
+    def _evidence_of(self, r: float, level: float, line: float, sigma: float, scale: float) -> dict[str, Any]:
         return {
             "reward": finite(r),
-            "running_best": finite(best),
-            "running_best_step": best_step,
-            "crash_line": finite(line),
+            "level": finite(level),
+            "level_points": self.level_points,
+            "best_level": finite(self.best),
+            "best_level_step": self.best_step,
+            "line": finite(line),
             "noise_sigma": finite(sigma),
             "z": self.z,
             "drop_frac": self.drop_frac,
@@ -370,8 +432,9 @@ class SuddenCollapse(Detector):
         lead = "The reward has collapsed" if severity == "critical" else "The reward is crashing"
         last = evidence.get("last_healthy_step")
         rewards = evidence.get("crash_rewards") or [evidence.get("reward")]
-        text = (f"{lead}: from its running best {evidence.get('running_best')} to {rewards[-1]}, far below "
-                f"the run's own noise ({evidence.get('noise_sigma')}); the last healthy step is {last}.")
+        text = (f"{lead}: from its level {evidence.get('level')} (the median of its last healthy points) to "
+                f"{rewards[-1]}, a fall of {evidence.get('fall')} where the run's own noise ({evidence.get('noise_sigma')}) "
+                f"explains at most {evidence.get('fall_needed')}; the last healthy step is {last}.")
         words = [_PHRASES.get(p, p) for p in evidence.get("precursors") or []]
         if words:
             text += " With it: " + ", ".join(words) + "."

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
-from grpo_monitor.detectors.signals import fair_sample, get, reward_names_in, sample_reward
+from grpo_monitor.detectors.signals import completions_per_step, fair_sample, get, reward_names_in, sample_reward
 from grpo_monitor.detectors.stats import mad_sigma, median
 
 RAISE_CAP = "raise_max_completion_length"
@@ -150,7 +150,10 @@ class Truncation(Detector):
         e = median(self.early)
         ev: dict[str, Any] = {"clipped_ratio": {"recent": finite(r), "early": finite(e), "points": len(cuts)},
                               "level": self.level, "high": self.high, "masked": self.masked}
-        if r >= self.total:
+        # At the cap from the first points on (not a creep), or cut entirely now.
+        total = r >= self.total or (r >= 0.9 and e >= 0.9)
+        if total and (self.masked or not self._groups_carry_spread(k)):
+            # Everything cut and nothing left to learn from: no_learning_signal's finding.
             ev["deferred_to"] = "no_learning_signal"
             return Assessment(level=0, evidence=ev)
         deferred = self._deferred(k, ev)
@@ -167,8 +170,22 @@ class Truncation(Detector):
         if (rising and fell) or costly or large:
             level = 1
             long = self.episode_len >= self.persist_points
-            if not self.masked and (((fell or costly) and (r >= self.high or long)) or (large and long)):
+            batch = completions_per_step(self.context.config, self.cuts)
+            if batch is not None and batch <= 4:
+                # A handful of completions a point: one cut completion is a quarter or more, and a component's
+                # fall is as noisy; only a long stretch of it confirms.
+                ev["completions_per_point"] = batch
+                fell, costly = [], False
+                long = self.episode_len >= 3 * self.persist_points
+            # Critical needs the harm itself (a component fell, or cut completions scored less): a large share
+            # alone wastes compute, and the cap may be where the task's answers end anyway.
+            if not self.masked and (fell or costly) and (r >= self.high or long):
                 level = 2
+        if total:
+            # Cut at the cap throughout, yet the groups still carry a reward spread: the run learns within the
+            # budget it has (analyze explains it as a normal pattern); nothing to alarm about.
+            ev["still_learning"] = True
+            level = 0
         if level:
             self._remedy(ev, r)
         onset = None
@@ -180,6 +197,15 @@ class Truncation(Detector):
                     break
                 onset = s
         return Assessment(level=level, evidence=ev, onset_step=onset)
+
+    def _groups_carry_spread(self, k: int) -> bool:
+        """Most groups of the last points still score their completions differently."""
+        rows = list(self.recent)[-k:]
+        fz = self._series(rows, "frac_reward_zero_std")
+        if fz:
+            return median(fz) < 0.5
+        rs = self._series(rows, "reward_std")
+        return bool(rs) and median(rs) > 1e-6
 
     def _series(self, rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
         out = []

@@ -9,7 +9,8 @@ updated while it trained, leaves several tables: the longest training run's is r
 snapshot of the same run is its prefix; a table without a reward column, an SFT phase, gives way
 to one with), and ``Source.meta["table"]`` says which. Where there is no such table, the cells'
 printed text is read as a console log (printed dicts, a hand-written loop's lines). The code cells
-name the model (``model_name = "unsloth/gpt-oss-20b"``), which ``readers.model`` turns into model facts.
+name the model (``model_name = "unsloth/gpt-oss-20b"``), which ``readers.model`` turns into model facts, and
+spell out the ``GRPOConfig`` (``readers.code_config``): the run's config, as a checkpoint would hold it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.readers._base import Probe, Reader, Source
+from grpo_monitor.readers.code_config import config_in_code
 from grpo_monitor.readers.tables import Table, html_tables, read_printed
 
 
@@ -46,11 +48,15 @@ def _outputs(obj: Any) -> list[tuple[str, list[Any]]]:
     return [("the outputs", obj)]
 
 
-def _code(obj: Any) -> str:
+def _cells(obj: Any) -> list[str]:
     if not isinstance(obj, dict):
-        return ""
-    return "\n".join(text_of(c.get("source")) for c in obj.get("cells") or []
-                     if isinstance(c, dict) and c.get("cell_type") == "code")
+        return []
+    return [text_of(c.get("source")) for c in obj.get("cells") or []
+            if isinstance(c, dict) and c.get("cell_type") == "code"]
+
+
+def _code(obj: Any) -> str:
+    return "\n".join(_cells(obj))
 
 
 def read_notebook(path: Path, obj: Any, logging_steps: int | None = None) -> Source:
@@ -75,6 +81,11 @@ def read_notebook(path: Path, obj: Any, logging_steps: int | None = None) -> Sou
     if src.format != "table":  # the printed text was the log (``meta["table"]`` says which table otherwise)
         src.meta["console_format"] = src.format
     src.format = "notebook"
+    config = config_in_code(_cells(obj))
+    if config:
+        for part in [src, *(p for _, p in src.parts if p is not src)]:
+            part.context.config = {**config, **(part.context.config or {})}
+        src.meta["config_from"] = f"the notebook's code (GRPOConfig: {len(config)} settings)"
     if not src.context.model:
         from grpo_monitor.readers.model import model_in_text, set_model
 
