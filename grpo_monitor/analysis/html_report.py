@@ -174,7 +174,9 @@ def render_html(report: Report, title: str = "grpo-monitor report") -> str:
 
 
 # What a page may hold that would make a browser fetch something: none of it is written, and a test keeps it so.
-FETCHING = re.compile(r"<script|<link|<img|<iframe|@import|url\(|(?:src|href)\s*=\s*[\"']?(?:https?:)?//", re.I)
+# (``url(#id)``, the SVG's clip paths, points into the page itself.)
+FETCHING = re.compile(r"<script|<link|<img|<iframe|@import|url\(\s*[\"']?(?!#)|(?:src|href)\s*=\s*[\"']?(?:https?:)?//",
+                      re.I)
 
 
 def write_html(report: Report, path: str | os.PathLike[str]) -> None:
