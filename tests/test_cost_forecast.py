@@ -85,11 +85,13 @@ def _linear(fc, start, stop, value, slope, noise=0.0, seed=0):
 
 def test_a_clear_trend_toward_the_cap_is_forecast_with_an_interval_holding_the_truth():
     fc = Forecaster()
-    _linear(fc, 1, 61, 0.2, 0.01, noise=0.01)
+    rng = np.random.default_rng(0)
+    for s in range(30, 61):
+        # A share saturating the way shares do: logistic, reaching 0.95 at t = 70 + 10 ln 19 = 99.4.
+        fc.observe(s, {"completions/clipped_ratio": 1 / (1 + math.exp(-(s - 70) / 10)) * math.exp(rng.normal(0, 0.02))})
     out = fc.forecast(TARGETS[1])
-    # 0.2 + 0.01 t reaches 0.99 at t = 79 (step 80): 20 steps after step 60.
     lo, hi = out["at_steps"]
-    assert lo <= 80 <= hi and out["fit"] == "theil-sen" and out["confidence"] == 0.9
+    assert lo <= 99 <= hi and out["fit"] == "theil-sen" and out["confidence"] == 0.9 and out["limit"] == 0.95
 
 
 def test_no_forecast_when_the_trend_is_lost_in_noise_flat_or_already_past():
@@ -100,7 +102,7 @@ def test_no_forecast_when_the_trend_is_lost_in_noise_flat_or_already_past():
     _linear(flat, 1, 61, 0.3, 0.0)
     assert flat.forecast(TARGETS[1]) is None
     past = Forecaster()
-    _linear(past, 1, 61, 0.995, 0.0001)
+    _linear(past, 1, 61, 0.96, 0.0001)
     assert past.forecast(TARGETS[1]) is None
 
 
@@ -126,7 +128,7 @@ def test_findings_of_a_labelled_case_carry_their_cost_and_the_replay_carries_the
 
 
 def test_a_finding_whose_trend_heads_for_a_limit_says_when():
-    run = generate("truncation_creeping_format", seed=0)
+    run = generate("truncation_creeping_format", seed=0, logging_steps=10)
     findings = Engine(run.context, [cls() for cls in ALL_DETECTORS]).replay(run.steps, run.samples)
     fc = [f.evidence["forecast"] for f in findings if f.detector == "truncation" and "forecast" in f.evidence]
     assert fc and fc[0]["metric"] == "completions/clipped_ratio" and fc[0]["interval"][0] <= fc[0]["steps_to_limit"]

@@ -111,3 +111,18 @@ def test_public_runs_with_evaluations_are_read_and_stay_quiet(name, metric, step
     assert sum(1 for pts in [report.series.get(metric, [])] for _ in pts) == steps
     assert "train_eval_divergence" in report.judged_by and "eval_drop" in report.judged_by
     assert [f.detector for f in report.findings if f.detector in ("train_eval_divergence", "eval_drop")] == []
+
+
+def test_the_field_map_names_these_detectors_for_reports_32_to_34_and_59():
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    from benchmarks import field_coverage as fc
+
+    assert {n: fc.REPORTS[n][2] for n in (32, 33, 34, 59)} == {
+        32: ("train_eval_divergence",), 33: ("train_eval_divergence",), 34: ("train_eval_divergence",),
+        59: ("eval_drop",)}
+    # Each is one of the labelled cases above, found by that detector.
+    cases = {n: generate(name).labels["expect"] for n, name in ((32, "k4_proxy_hack_after_plateau"),
+             (33, "k4_repetition_scored_high"), (34, "k4_keyword_overlap_proxy"), (59, "k9_validation_drop"))}
+    assert {n: tuple(v) for n, v in cases.items()} == {n: fc.REPORTS[n][2] for n in cases}
