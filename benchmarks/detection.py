@@ -452,6 +452,7 @@ def forecast_rows(case: Case) -> tuple[list[dict], dict]:
         engine.update(step, metrics, case.samples.get(step, []))
     alarms = [f for f in engine.findings if f.severity in ALARM]
     counts = {"findings": len(alarms), "with_cost": sum("cost" in f.evidence for f in alarms),
+              "with_wall": sum((f.evidence.get("cost") or {}).get("wall_seconds") is not None for f in alarms),
               "with_gpu_hours": sum((f.evidence.get("cost") or {}).get("gpu_hours") is not None for f in alarms),
               "with_forecast": sum("forecast" in f.evidence for f in alarms)}
     rows = []
@@ -505,7 +506,8 @@ def render_forecast(rows: list[dict], counts: dict, real_counts: dict, seeds: in
         "| | labelled synthetic cases | public runs |", "|---|---|---|",
         f"| warning/critical findings | {counts['findings']} | {real_counts['findings']} |",
         f"| with `evidence.cost` | {pct(counts['with_cost'], counts['findings'])} | {pct(real_counts['with_cost'], real_counts['findings'])} |",
-        f"| with wall time and GPU-hours (a clock and a device count in the log) | {pct(counts['with_gpu_hours'], counts['findings'])} | {pct(real_counts['with_gpu_hours'], real_counts['findings'])} |",
+        f"| with wall time (a clock, `step_time` or `train_runtime` in the log) | {pct(counts['with_wall'], counts['findings'])} | {pct(real_counts['with_wall'], real_counts['findings'])} |",
+        f"| with GPU-hours (the device count too: a run header's world size, or `--devices`; none here) | {pct(counts['with_gpu_hours'], counts['findings'])} | {pct(real_counts['with_gpu_hours'], real_counts['findings'])} |",
         f"| with `evidence.forecast` (a trend heading for its limit, interval tight enough) | {pct(counts['with_forecast'], counts['findings'])} | {pct(real_counts['with_forecast'], real_counts['findings'])} |",
         "",
         "Forecasts on the expected detector's findings of the failure cases:", "",
@@ -529,12 +531,12 @@ def render_forecast(rows: list[dict], counts: dict, real_counts: dict, seeds: in
 def forecast_only(seeds: int, no_write: bool) -> int:
     t0 = time.time()
     rows: list[dict] = []
-    counts = {"findings": 0, "with_cost": 0, "with_gpu_hours": 0, "with_forecast": 0, "cases": []}
-    real = {"findings": 0, "with_cost": 0, "with_gpu_hours": 0, "with_forecast": 0, "runs": 0}
+    counts = {"findings": 0, "with_cost": 0, "with_wall": 0, "with_gpu_hours": 0, "with_forecast": 0, "cases": []}
+    real = {"findings": 0, "with_cost": 0, "with_wall": 0, "with_gpu_hours": 0, "with_forecast": 0, "runs": 0}
     for case in load_cases(seeds):
         r, c = forecast_rows(case)
         target = real if case.kind == "real" else counts
-        for k in ("findings", "with_cost", "with_gpu_hours", "with_forecast"):
+        for k in ("findings", "with_cost", "with_wall", "with_gpu_hours", "with_forecast"):
             target[k] += c[k]
         if case.kind != "real":
             counts["cases"].append(bool(case.labels.get("expect")))
@@ -544,6 +546,7 @@ def forecast_only(seeds: int, no_write: bool) -> int:
         alarms = [f for f in report.findings if f.severity in ALARM]
         real["findings"] += len(alarms)
         real["with_cost"] += sum("cost" in f.evidence for f in alarms)
+        real["with_wall"] += sum((f.evidence.get("cost") or {}).get("wall_seconds") is not None for f in alarms)
         real["with_gpu_hours"] += sum((f.evidence.get("cost") or {}).get("gpu_hours") is not None for f in alarms)
         real["with_forecast"] += sum("forecast" in f.evidence for f in alarms)
     body = render_forecast(rows, counts, real, seeds, time.time() - t0)
