@@ -197,8 +197,9 @@ def main() -> int:
               f"{one_rate / naive_rate:.2f}× with one worker, {cold_rate / naive_rate:.2f}× with the pool but a fresh "
               "launcher per completion (no fork server). The sandbox runs each test in its own fresh process "
               "(the plain harness runs all of a completion's tests in one, where the completion can forge the "
-              "count). The sandbox's isolation here: "
-              + ", ".join(f"{k}={v}" for k, v in caps.items() if k in ("root", "mount", "net", "pid")) + "."]
+              "count; the sandbox's tests are then judged by a separate process). The sandbox's isolation here: "
+              + ", ".join(f"{k}={v}" for k, v in caps.items() if k in ("root", "isolation", "route", "uid", "root_fs"))
+              + "."]
     body = "\n".join(lines)
     print(body)
     if not args.quick:

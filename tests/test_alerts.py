@@ -1,38 +1,51 @@
-"""Alerts without a trainer: the episode messages a real detector's findings make, the Slack /
-Discord / generic payloads as a real HTTP server on 127.0.0.1 receives them, retries, the rate
-limit, servers that never answer or refuse, the URL kept secret, and ``analyze --alerts``."""
+"""Alerts without a trainer: the episode messages a real detector's findings make, every payload
+(Slack, Discord, Teams, PagerDuty, generic, a template of one's own, email) as real local servers
+receive it — an HTTP server on 127.0.0.1 that answers, answers 500, hangs, answers only after the
+time-out, or is not there, and an SMTP server (``aiosmtpd``) that does the same — every message
+accounted for (delivered once, or counted), the rate limit, cap and cooldown, the options checked,
+the secrets kept, and ``analyze --alerts``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import socket
 import subprocess
 import sys
 import threading
 import time
+from email import message_from_bytes
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from grpo_monitor.detectors.no_learning_signal import NoLearningSignal
-from grpo_monitor.alerts import AlertDispatcher, AlertOptions, WebhookSender, build_dispatcher, detect_format, mask_url
-from grpo_monitor.alerts.webhook import DeliveryError, RateLimit, post_json
+from grpo_monitor.alerts import AlertDispatcher, AlertOptions, Sender, WebhookSender, build_dispatcher, detect_format, mask_url
+from grpo_monitor.alerts.delivery import RateLimit
+from grpo_monitor.alerts.mail import EmailDestination
+from grpo_monitor.alerts.webhook import WebhookDestination, post_json
 from grpo_monitor.core.engine import Engine
 from grpo_monitor.detectors.base import RunContext
+from grpo_monitor.detectors.no_learning_signal import NoLearningSignal
 
 ROOT = Path(__file__).resolve().parents[1]
 STALL = {"completions/clipped_ratio": 1.0, "frac_reward_zero_std": 1.0, "reward": 0.0, "reward_std": 0.0, "grad_norm": 0.0}
 HEALTHY = {"completions/clipped_ratio": 0.1, "frac_reward_zero_std": 0.1, "reward": 0.5, "reward_std": 0.4, "grad_norm": 1.0}
+SECRET = "secret-token-123"
 
 
 class Hook:
-    """A real HTTP server on 127.0.0.1 that records each POST; ``codes`` are answered in order
-    (then 200). ``mode="silent"`` accepts connections and never answers."""
+    """A real HTTP server on 127.0.0.1 recording each POST it takes.
 
-    def __init__(self, codes=(), mode="answer"):
+    ``mode="answer"``: ``codes`` are answered in order, then 200 (a 5xx answer means it kept nothing);
+    ``mode="slow"``: takes each request, then answers 200 only after ``delay`` seconds;
+    ``mode="silent"``: accepts connections and never reads or answers (a hung server)."""
+
+    def __init__(self, codes=(), mode="answer", delay=0.0):
         self.received: list[tuple[str, dict]] = []
+        self.headers: list[dict] = []
         self.codes = list(codes)
         self.attempts = 0
         self.mode = mode
@@ -45,10 +58,16 @@ class Hook:
                 code = hook.codes.pop(0) if hook.codes else 200
                 if code == 200:
                     hook.received.append((self.path, json.loads(body)))
-                self.send_response(code)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
+                    hook.headers.append(dict(self.headers))
+                if hook.mode == "slow":
+                    time.sleep(delay)
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except OSError:
+                    pass  # the client gave up waiting
 
             def log_message(self, *args):
                 pass
@@ -61,10 +80,11 @@ class Hook:
             self.server = None
         else:
             self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            self.server.daemon_threads = True
             self.port = self.server.server_address[1]
             threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def url(self, path="/hook/secret-token-123"):
+    def url(self, path=f"/hook/{SECRET}"):
         return f"http://127.0.0.1:{self.port}{path}"
 
     def wait(self, n, timeout=10.0):
@@ -72,6 +92,9 @@ class Hook:
         while len(self.received) < n and time.monotonic() < end:
             time.sleep(0.02)
         return self.received
+
+    def keys(self):
+        return [h.get("Idempotency-Key") for h in self.headers]
 
     def close(self):
         if self.server is not None:
@@ -81,12 +104,54 @@ class Hook:
             self.sock.close()
 
 
-def refused_url():
+def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-    s.close()  # nothing listens there now: connections are refused
-    return f"http://127.0.0.1:{port}/hook/secret-token-123"
+    s.close()
+    return port
+
+
+def refused_url():
+    return f"http://127.0.0.1:{free_port()}/hook/{SECRET}"  # nothing listens there: connections are refused
+
+
+class Mailbox:
+    """A real SMTP server on 127.0.0.1 (aiosmtpd): ``codes`` answer the end of each mail's data in
+    order (then 250); ``delay`` holds the answer back (the mail is taken first)."""
+
+    def __init__(self, codes=(), delay=0.0):
+        from aiosmtpd.controller import Controller
+
+        self.mails = []
+        self.codes = list(codes)
+        box = self
+
+        class Handler:
+            async def handle_DATA(self, server, session, envelope):  # noqa: N802
+                code = box.codes.pop(0) if box.codes else "250 OK"
+                if code.startswith("250"):
+                    box.mails.append(envelope)
+                if delay:
+                    await asyncio.sleep(delay)
+                return code
+
+        self.port = free_port()
+        self.controller = Controller(Handler(), hostname="127.0.0.1", port=self.port)
+        self.controller.start()
+
+    @property
+    def url(self):
+        return f"smtp://127.0.0.1:{self.port}"
+
+    def wait(self, n, timeout=10.0):
+        end = time.monotonic() + timeout
+        while len(self.mails) < n and time.monotonic() < end:
+            time.sleep(0.02)
+        return self.mails
+
+    def close(self):
+        self.controller.stop()
 
 
 @pytest.fixture
@@ -102,10 +167,15 @@ def drive(dispatcher, stall=(1, 12), total=30):
     det.clear_after, det.clear_steps = 2, 2
     engine = Engine(RunContext(), [det])
     for step in range(1, total + 1):
-        metrics = STALL if stall[0] <= step <= stall[1] else HEALTHY
+        metrics = STALL if any(a <= step <= b for a, b in ([stall] if isinstance(stall[0], int) else stall)) else HEALTHY
         findings = engine.update(step, dict(metrics))
         dispatcher.on_step(step, engine.state_names(), findings, [])
     return engine
+
+
+def probe(step, i=0, severity="warning"):
+    return {"detector": f"probe_{step}_{i}", "severity": severity, "step": step, "onset_step": step, "variant": None,
+            "config_overrides": {}, "evidence": {"i": i}, "message": f"probe finding {i}"}
 
 
 def test_format_recognised_from_host_or_path():
@@ -113,17 +183,20 @@ def test_format_recognised_from_host_or_path():
     assert detect_format("http://127.0.0.1:8080/services/T1/B2/xyz") == "slack"
     assert detect_format("https://discord.com/api/webhooks/123/abc") == "discord"
     assert detect_format("http://127.0.0.1:8080/api/webhooks/123/abc") == "discord"
+    assert detect_format("https://acme.webhook.office.com/webhookb2/x") == "teams"
+    assert detect_format("https://prod-12.westus.logic.azure.com/workflows/x") == "teams"
+    assert detect_format("https://events.pagerduty.com/v2/enqueue") == "pagerduty"
     assert detect_format("https://alerts.example.org/hook") == "generic"
     assert detect_format("https://hooks.slack.com/services/T1/B2/xyz", "generic") == "generic"
     with pytest.raises(ValueError, match="alerts_format"):
-        detect_format("https://x.org/", "teams")
+        detect_format("https://x.org/", "opsgenie")
     assert mask_url("https://user:pw@hooks.slack.com/services/T1/B2/xyz?k=1") == "https://hooks.slack.com/***"
 
 
-@pytest.mark.parametrize("path,fmt", [("/hook/secret-token-123", "generic"), ("/services/T0/B0/secret", "slack"),
-                                      ("/api/webhooks/42/secret", "discord")])
+@pytest.mark.parametrize("path,fmt", [(f"/hook/{SECRET}", "generic"), (f"/services/T0/B0/{SECRET}", "slack"),
+                                      (f"/api/webhooks/42/{SECRET}", "discord"), (f"/teams/{SECRET}", "teams")])
 def test_one_message_per_episode_stage_in_each_format(hook, path, fmt):
-    sender = WebhookSender(hook.url(path))
+    sender = WebhookSender(hook.url(path), "teams" if fmt == "teams" else None)
     assert sender.format == fmt
     d = AlertDispatcher([], sender, run_id="abc123", run_dir="/runs/r1")
     drive(d)
@@ -131,23 +204,45 @@ def test_one_message_per_episode_stage_in_each_format(hook, path, fmt):
     got = hook.wait(3)
     assert len(got) == 3 and all(p == path for p, _ in got)
     bodies = [b for _, b in got]
+    keys = hook.keys()
+    assert len(set(keys)) == 3 and all(keys)  # every request names its message
     if fmt == "generic":
         assert [(b["event"], b["level"]) for b in bodies] == [("finding", "warning"), ("finding", "critical"), ("resolved", "resolved")]
+        assert [b["idempotency_key"] for b in bodies] == keys
         f = bodies[0]["finding"]
         assert set(f) == {"detector", "severity", "step", "onset_step", "variant", "config_overrides", "evidence", "message"}
         assert f["detector"] == "no_learning_signal" and f["evidence"]["conditions"]
         assert bodies[0]["run_dir"] == "/runs/r1" and bodies[0]["run_id"] == "abc123"
         assert bodies[0]["recommendation"] is None  # no variant cures a stall
         assert bodies[2]["resolved_step"] > bodies[1]["finding"]["step"]
+        # one episode: its warning, critical and resolution share the episode's id
+        assert len({b["episode"]["id"] for b in bodies}) == 1 and bodies[0]["episode"]["opened_at"] == bodies[0]["step"]
     elif fmt == "slack":
-        for b in bodies:
-            assert b["text"] and b["blocks"][0]["type"] == "section"
+        for b, key in zip(bodies, keys):
+            assert b["text"] and b["blocks"][0]["type"] == "section" and key in b["blocks"][-1]["elements"][0]["text"]
         assert "warning" in bodies[0]["text"] and "critical" in bodies[1]["text"] and "resolved" in bodies[2]["text"]
-        assert bodies[0]["blocks"][-1]["type"] == "context" and "/runs/r1" in bodies[0]["blocks"][-1]["elements"][0]["text"]
-    else:
+        assert "/runs/r1" in bodies[0]["blocks"][-1]["elements"][0]["text"]
+    elif fmt == "discord":
         embeds = [b["embeds"][0] for b in bodies]
         assert [e["color"] for e in embeds] == [0xECB22E, 0xE01E5A, 0x2EB67D]
-        assert "no_learning_signal" in embeds[0]["title"] and embeds[0]["description"]
+        assert "no_learning_signal" in embeds[0]["title"] and embeds[0]["description"] and keys[0] in embeds[0]["footer"]["text"]
+    else:
+        cards = [b["attachments"][0] for b in bodies]
+        assert all(c["contentType"] == "application/vnd.microsoft.card.adaptive" for c in cards)
+        blocks = [c["content"]["body"] for c in cards]
+        assert [bl[0]["color"] for bl in blocks] == ["Warning", "Attention", "Good"] and keys[1] in blocks[1][-1]["text"]
+
+
+def test_the_same_message_always_has_the_same_key(hook):
+    """A restarted segment replaying the same steps, or a run analysed twice, names its messages alike."""
+    keys = []
+    for _ in range(2):
+        d = AlertDispatcher([], WebhookSender(hook.url()), run_id="same-run")
+        drive(d)
+        d.close()
+    hook.wait(6)
+    keys = [b["idempotency_key"] for _, b in hook.received]
+    assert keys[:3] == keys[3:] and len(set(keys[:3])) == 3
 
 
 def test_recommendation_diff_travels_with_the_finding(hook):
@@ -169,92 +264,371 @@ def test_min_severity_critical_skips_the_warning_but_keeps_the_resolution(hook):
                          {"alerts": hook.url(), "alerts_min_severity": "critical"})
     drive(d)
     d.close()
-    got = hook.wait(2)
+    hook.wait(2)
     time.sleep(0.3)
     assert [b["event"] + ":" + b["level"] for _, b in hook.received] == ["finding:critical", "resolved:resolved"]
 
 
-def test_server_error_then_success_is_one_message():
-    h = Hook(codes=[500])
+# -- one POST: what the server did with it decides whether it is sent again -------------------------
+
+
+def test_a_server_error_is_tried_again_and_kept_once():
+    h = Hook(codes=[500, 503])
     try:
-        status = post_json(h.url(), {"x": 1}, backoff=0.01)
-        assert status == 200 and h.attempts == 2 and len(h.received) == 1
+        out = post_json(h.url(), {"x": 1}, key="k1", backoff=0.01)
+        assert out.status == "delivered" and out.tries == 3 and h.attempts == 3 and len(h.received) == 1
     finally:
         h.close()
 
 
-def test_client_error_is_not_retried_and_the_url_stays_secret():
+def test_a_client_error_is_not_tried_again_and_the_url_stays_secret():
     h = Hook(codes=[404])
     try:
-        with pytest.raises(DeliveryError) as err:
-            post_json(h.url(), {"x": 1}, backoff=0.01)
-        assert h.attempts == 1 and "secret-token-123" not in str(err.value) and "HTTP 404" in str(err.value)
+        out = post_json(h.url(), {"x": 1}, backoff=0.01)
+        assert out.status == "failed" and h.attempts == 1 and SECRET not in out.detail and "HTTP 404" in out.detail
     finally:
         h.close()
 
 
-@pytest.mark.parametrize("kind", ["silent", "refused"])
-def test_unreachable_server_never_blocks_the_caller(kind):
-    h = Hook(mode="silent") if kind == "silent" else None
-    url = h.url() if h else refused_url()
-    errors = []
-    d = AlertDispatcher([], WebhookSender(url, timeout=0.5, retries=1, backoff=0.05), flush_timeout=2.0,
-                        on_error=lambda c, e: errors.append((c, str(e))))
+def test_a_server_that_took_the_post_and_answers_late_gets_it_once():
+    """Answering after the time-out, the server has the message already: a chat webhook cannot tell a
+    second copy from a new message, so it is not sent again; an endpoint that de-duplicates by the
+    idempotency key (PagerDuty, or one declared ``idempotent``) is tried again, with the same key."""
+    h = Hook(mode="slow", delay=1.0)
     try:
-        worst = 0.0
-        for step in range(1, 31):
-            t0 = time.perf_counter()
-            d.on_step(step, {"no_learning_signal": "critical"}, [
-                {"detector": f"probe_{step}", "severity": "warning", "step": step, "onset_step": step, "variant": None,
-                 "config_overrides": {}, "evidence": {}, "message": "m"}], [])
-            worst = max(worst, time.perf_counter() - t0)
-        assert worst < 0.05  # formatting and a queue put, never the network
-        t0 = time.perf_counter()
+        out = post_json(h.url(), {"x": 1}, key="once", timeout=0.3, retries=3, backoff=0.01)
+        assert out.status == "unconfirmed" and out.tries == 1 and "not sent again" in out.detail
+        time.sleep(0.2)
+        assert h.attempts == 1 and h.keys() == ["once"]
+        again = post_json(h.url(), {"x": 2}, key="twice", timeout=0.3, retries=1, backoff=0.01, idempotent=True)
+        time.sleep(0.2)
+        assert again.status == "failed" and h.keys()[1:] == ["twice", "twice"]
+    finally:
+        h.close()
+
+
+def test_a_hung_server_gets_one_try_and_a_refused_one_is_tried_again():
+    h = Hook(mode="silent")
+    try:
+        out = post_json(h.url(), {"x": 1}, timeout=0.3, retries=3, backoff=0.01)
+        assert out.status == "unconfirmed" and out.tries == 1 and SECRET not in out.detail
+    finally:
+        h.close()
+    out = post_json(refused_url(), {"x": 1}, timeout=0.3, retries=2, backoff=0.01)
+    assert out.status == "failed" and out.tries == 3 and "3 tries" in out.detail and SECRET not in out.detail
+
+
+# -- a run's worth of messages: each delivered once or counted ------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["answer", "server_error", "silent", "slow", "refused"])
+def test_every_message_is_delivered_once_or_counted(kind, caplog):
+    """Nine episodes' openings to a server that answers, answers 500 to everything, hangs, takes each
+    POST and answers after the time-out, or is not there: the tally adds up to the nine, the server
+    holds each message at most once, the count is noted, one warning line says any loss, and the flush
+    waits at most its time."""
+    h = {"answer": lambda: Hook(), "server_error": lambda: Hook(codes=[500] * 100), "silent": lambda: Hook(mode="silent"),
+         "slow": lambda: Hook(mode="slow", delay=0.6), "refused": lambda: None}[kind]()
+    url = h.url() if h else refused_url()
+    notes = []
+    caplog.set_level(logging.INFO, logger="grpo_monitor")
+    d = AlertDispatcher([], WebhookSender(url, timeout=0.3, retries=2, backoff=0.01, burst=100, per_minute=1e6),
+                        flush_timeout=1.0, note=notes.append, run_dir="/runs/r")
+    try:
+        for step in range(1, 10):
+            d.on_step(step, {}, [probe(step)], [])
+        time.sleep(0.5)
+        t0 = time.monotonic()
         d.close()
-        assert time.perf_counter() - t0 < 3.0
-        if kind == "refused":
-            assert errors and all("secret-token-123" not in text for _, text in errors)
-            assert errors[0][0] == "alerts webhook" and "127.0.0.1" in errors[0][1]
+        waited = time.monotonic() - t0
+        time.sleep(0.7)  # let a slow server finish what it took
     finally:
         if h:
             h.close()
+    assert waited < 1.0 + 0.5
+    (dest,) = d.delivery_report["destinations"]
+    assert dest["messages"] == 9 and dest["pending"] == 0
+    assert dest["delivered"] + dest["unconfirmed"] + dest["lost"] + dest["skipped"] == 9
+    if h is not None:
+        assert len(h.keys()) == len(set(h.keys()))  # never a message twice
+    if kind == "answer":
+        assert dest["delivered"] == 9 and len(h.received) == 9
+    elif kind == "server_error":
+        assert dest["failed"] >= 1 and dest["delivered"] == 0 and not h.received and h.attempts > 9
+    elif kind == "slow":
+        assert dest["unconfirmed"] >= 1 and dest["unconfirmed"] + dest["unsent"] == 9
+        assert len(h.received) == dest["unconfirmed"]  # what went out arrived, once each
+    elif kind == "silent":
+        assert dest["unconfirmed"] >= 1 and dest["unconfirmed"] + dest["unsent"] == 9
+    else:
+        assert dest["failed"] >= 1 and dest["failed"] + dest["unsent"] == 9
+    (note,) = [n for n in notes if "alerts" in n]
+    assert note["alerts"] == d.delivery_report and SECRET not in note["message"]
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    if kind == "answer":
+        assert lines == [] and note["level"] == "info"
+    else:
+        assert len(lines) == 1 and "every finding is in the run log" in lines[0] and SECRET not in lines[0]
+        assert note["level"] == "warning"
 
 
-def test_burst_is_rate_limited_and_the_rest_is_announced(hook):
+def test_several_destinations_one_hung_does_not_hold_the_others(hook):
+    hung = Hook(mode="silent")
+    box = Mailbox()
+    try:
+        opts = AlertOptions.of({"alerts": [hung.url(), hook.url(), {"email": "oncall@example.org", "smtp": box.url}],
+                                "alerts_timeout": 2.0, "alerts_flush_timeout": 1.0})
+        d = AlertDispatcher([], [Sender(r.destination) for r in opts.routes], flush_timeout=1.0)
+        for step in range(1, 4):
+            d.on_step(step, {}, [probe(step)], [])
+        assert len(hook.wait(3, timeout=1.5)) == 3  # while the hung one still waits on its first
+        d.close()
+        report = {x["destination"]: x for x in d.delivery_report["destinations"]}
+        assert report[f"webhook {mask_url(hook.url())}"]["delivered"] == 3
+        hung_counts = report[f"webhook {mask_url(hung.url())}"]
+        assert hung_counts["delivered"] == 0 and hung_counts["unconfirmed"] + hung_counts["unsent"] == 3
+        assert report[f"email to oncall@example.org via smtp://127.0.0.1:{box.port}"]["delivered"] == 3
+    finally:
+        hung.close()
+        box.close()
+
+
+def test_burst_is_rate_limited_announced_and_counted(hook):
     sender = WebhookSender(hook.url(), burst=3, per_minute=120.0)
     d = AlertDispatcher([], sender, run_dir="/runs/burst")
-    findings = [{"detector": f"probe_{i}", "severity": "warning", "step": 5, "onset_step": 5, "variant": None,
-                 "config_overrides": {}, "evidence": {}, "message": f"finding {i}"} for i in range(20)]
-    d.on_step(5, {}, findings, [])
+    d.on_step(5, {}, [probe(5, i) for i in range(20)], [])
     got = hook.wait(4, timeout=5.0)
     d.close()
     events = [b["event"] for _, b in got]
     assert events[:3] == ["finding"] * 3 and events[3] == "held_back" and len(got) == 4
     assert got[3][1]["held_back"] == 17 and "/runs/burst" in got[3][1]["text"]
+    (dest,) = d.delivery_report["destinations"]
+    assert dest["rate_limited"] == 17 and dest["delivered"] == 3 and dest["lost"] == 17 and dest["held_back_notices"] == 1
 
 
-def test_rate_limit_refills():
-    now = [0.0]
-    rl = RateLimit(per_minute=60, burst=2, clock=lambda: now[0])
-    assert rl.take() and rl.take() and not rl.take()
-    now[0] = 1.0
-    assert rl.take() and not rl.take()
+def test_a_full_queue_drops_without_waiting_and_counts():
+    h = Hook(mode="silent")
+    try:
+        sender = WebhookSender(h.url(), queue_size=2, burst=100, per_minute=1e6, timeout=0.3, retries=0)
+        d = AlertDispatcher([], sender, flush_timeout=0.5)
+        d.on_step(1, {}, [probe(1, i) for i in range(10)], [])
+        d.close()
+    finally:
+        h.close()
+    (dest,) = d.delivery_report["destinations"]
+    # one on its way, two queued behind it, the other seven dropped on the spot
+    assert dest["queue_full"] >= 7 and dest["messages"] == 10 and dest["delivered"] == 0
+    assert dest["unconfirmed"] + dest["unsent"] + dest["queue_full"] == 10
 
 
-def test_options_are_checked_and_never_show_the_url(monkeypatch):
-    with pytest.raises(ValueError, match="alerts_min_severity"):
-        AlertOptions.of({"alerts_min_severity": "info"})
-    with pytest.raises(ValueError, match="unknown alert options"):
-        AlertOptions.of({"alerts_retry": 3})
+def test_no_resolution_for_an_episode_whose_opening_was_dropped(hook):
+    """The rate limit drops one episode's opening: its resolution is not sent either; the other
+    episode's opening and resolution go out."""
+    d = AlertDispatcher([], WebhookSender(hook.url(), burst=1, per_minute=0.001))
+    d.on_step(1, {}, [probe(1, 0), probe(1, 1)], [])
+    d.routes[0][0].limit.tokens = 5.0  # the limit allows again
+    d.on_step(2, {"probe_1_0": "ok", "probe_1_1": "ok"}, [], [])
+    d.close()
+    hook.wait(2)
+    time.sleep(0.3)
+    got = [(b["event"], b["finding"]["detector"]) for _, b in hook.received if b["event"] != "held_back"]
+    assert got == [("finding", "probe_1_0"), ("resolved", "probe_1_0")]
+
+
+def test_cap_and_cooldown_hold_back_on_purpose_and_say_so(hook):
+    d = AlertDispatcher([], WebhookSender(hook.url(), burst=100, per_minute=1e6), max_per_run=4, cooldown_steps=5)
+    det = "flappy"
+    f = lambda step, sev="warning": {**probe(step, severity=sev), "detector": det, "onset_step": step}  # noqa: E731
+    d.on_step(1, {det: "warning"}, [f(1)], [])            # sent (1)
+    d.on_step(2, {det: "ok"}, [], [])                     # its resolution: always sent
+    d.on_step(3, {det: "warning"}, [f(3)], [])            # within 5 steps of the last message: held back
+    d.on_step(4, {det: "critical"}, [f(4, "critical")], [])  # a critical always goes (2)
+    d.on_step(5, {det: "ok"}, [], [])                     # resolves the episode the critical opened
+    for step in range(20, 26):
+        d.on_step(step, {}, [probe(step)], [])            # 2 more under the cap, then 4 over it
+    d.close()
+    hook.wait(7)
+    time.sleep(0.3)
+    seen = [(b["event"], b["level"], b["step"]) for _, b in hook.received]
+    assert seen == [("finding", "warning", 1), ("resolved", "resolved", 2), ("finding", "critical", 4),
+                    ("resolved", "resolved", 5), ("finding", "warning", 20), ("finding", "warning", 21)]
+    assert d.delivery_report["not_sent"] == {"over_the_cap": 4, "in_the_cooldown": 1, "resolution_of_an_unsent_opening": 0}
+
+
+# -- headers, templates, mentions -----------------------------------------------------------------
+
+
+def test_headers_and_a_template_for_an_internal_relay(hook):
+    template = {"service": "grpo", "severity": "{level}", "summary": "{title}", "dedup": "{idempotency_key}",
+                "detector": "{finding[detector]}", "finding": "{finding}", "fix": "{recommendation[python]}"}
+    opts = AlertOptions.of({"alerts": {"url": hook.url(), "headers": {"Authorization": "Bearer tok-987"},
+                                       "template": template}})
+    d = AlertDispatcher([], [Sender(opts.routes[0].destination)])
+    drive(d)
+    d.close()
+    got = hook.wait(3)
+    assert [h["Authorization"] for h in hook.headers] == ["Bearer tok-987"] * 3
+    first = got[0][1]
+    assert first["service"] == "grpo" and first["severity"] == "warning" and first["detector"] == "no_learning_signal"
+    assert first["finding"]["severity"] == "warning" and first["fix"] == "" and first["dedup"] == hook.keys()[0]
+    assert "tok-987" not in repr(opts) and "tok-987" not in opts.scrub("Authorization: Bearer tok-987")
+
+
+def test_pagerduty_triggers_and_resolves_one_incident_per_episode(hook):
+    opts = AlertOptions.of({"alerts": {"url": hook.url(), "format": "pagerduty", "routing_key": "R0UT1NG"}})
+    d = AlertDispatcher([], [Sender(opts.routes[0].destination)], run_dir="/runs/pd")
+    drive(d)
+    d.finish(30)  # the run's end is not a page
+    d.close()
+    got = [b for _, b in hook.wait(3)]
+    time.sleep(0.3)
+    assert [b["event_action"] for b in got] == ["trigger", "trigger", "resolve"] and len(hook.received) == 3
+    assert len({b["dedup_key"] for b in got}) == 1 and all(b["routing_key"] == "R0UT1NG" for b in got)
+    assert [b["payload"]["severity"] for b in got[:2]] == ["warning", "critical"]
+    (dest,) = d.delivery_report["destinations"]
+    assert dest["skipped"] == 1 and dest["lost"] == 0
+
+
+def test_a_mention_on_critical_messages_only(hook):
+    for path, check in [(f"/services/T/B/{SECRET}", lambda b: b["text"].startswith("<!here> ")),
+                        (f"/api/webhooks/1/{SECRET}", lambda b: b.get("content") == "<!here>"),
+                        (f"/hook/{SECRET}", lambda b: b.get("mention") == "<!here>")]:
+        hook.received.clear()
+        d = AlertDispatcher([], WebhookSender(hook.url(path), mention="<!here>"))
+        drive(d)
+        d.close()
+        got = [b for _, b in hook.wait(3)]
+        assert [check(b) for b in got] == [False, True, False], path
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"alerts": "ftp://host/secret-path"}, "http"),
+    ({"alerts": "https://host:notaport/x"}, "http"),
+    ({"alerts": "https://x.org/h", "alerts_format": "teamz"}, "alerts_format"),
+    ({"alerts_per_minute": 0}, "alerts_per_minute"),
+    ({"alerts_burst": 0}, "alerts_burst"),
+    ({"alerts_min_severity": "info"}, "alerts_min_severity"),
+    ({"alerts_retry": 3}, "unknown alert options"),
+    ({"alerts": {"url": "https://x.org/h", "hedaers": {}}}, "unknown keys"),
+    ({"alerts": {"url": "https://x.org/h", "headers": {"Bad Name": "v"}}}, "header name"),
+    ({"alerts": {"url": "https://x.org/h", "template": {"s": "{titel}"}}}, "titel"),
+    ({"alerts": {"url": "https://events.pagerduty.com/v2/enqueue"}}, "routing_key"),
+    ({"alerts": "mailto:not-an-address"}, "addresses"),
+    ({"alerts": {"email": "a@b.org", "smtp": "imap://mail"}}, "smtp"),
+    ({"alerts_max_per_run": 0}, "alerts_max_per_run"),
+    ({"alerts_cooldown_steps": -1}, "alerts_cooldown_steps"),
+])
+def test_each_bad_option_is_one_clear_error(bad, match):
+    with pytest.raises(ValueError, match=match) as info:
+        AlertOptions.of(bad)
+    assert "\n" not in str(info.value) and "secret-path" not in str(info.value)
+
+
+def test_options_never_show_a_secret(monkeypatch):
     opts = AlertOptions.of("https://hooks.slack.com/services/T1/B2/topsecret")
     assert "topsecret" not in repr(opts)
     monkeypatch.setenv("GRPO_MONITOR_WEBHOOK_URL", "https://hooks.slack.com/services/T1/B2/fromenv")
     assert AlertOptions.of(None).url.endswith("fromenv") and AlertOptions.of(False).url is None
-    errors = []
-    d = build_dispatcher(SimpleNamespace(args=SimpleNamespace(report_to="none")), "/r", "id", "ftp://host/secret-path",
-                         on_error=lambda c, e: errors.append(str(e)))
-    assert d is None and errors and "secret-path" not in errors[0]
     assert "topsecret" not in repr(WebhookSender("https://hooks.slack.com/services/T1/B2/topsecret"))
+    monkeypatch.setenv("GRPO_MONITOR_WEBHOOK_URL", "not a url/with-secret")
+    with pytest.raises(ValueError, match="http") as info:
+        AlertOptions.of(None)  # what attach does: the environment's URL is checked there too
+    assert "with-secret" not in str(info.value)
+
+
+# -- email ------------------------------------------------------------------------------------------
+
+
+def test_email_to_several_addresses_with_the_key_as_message_id():
+    box = Mailbox()
+    try:
+        opts = AlertOptions.of({"alerts": {"email": ["oncall@example.org", "ml@example.org"], "smtp": box.url,
+                                           "from": "monitor@example.org"}})
+        d = AlertDispatcher([], [Sender(opts.routes[0].destination)], run_dir="/runs/mail")
+        drive(d)
+        d.close()
+        mails = box.wait(3)
+    finally:
+        box.close()
+    assert len(mails) == 3 and all(sorted(m.rcpt_tos) == ["ml@example.org", "oncall@example.org"] for m in mails)
+    parsed = [message_from_bytes(m.original_content) for m in mails]
+    assert [p["Subject"].split(" at ")[0] for p in parsed] == ["grpo-monitor: warning no_learning_signal",
+                                                               "grpo-monitor: critical no_learning_signal",
+                                                               "grpo-monitor: resolved no_learning_signal"]
+    assert len({p["Message-ID"] for p in parsed}) == 3 and parsed[1]["Importance"] == "high"
+    assert "/runs/mail" in parsed[0].get_payload() and parsed[0]["From"] == "monitor@example.org"
+
+
+@pytest.mark.parametrize("kind", ["try_later", "slow", "refused", "hung"])
+def test_email_delivered_once_or_counted(kind):
+    box = {"try_later": lambda: Mailbox(codes=["451 try again later"]), "slow": lambda: Mailbox(delay=1.0),
+           "refused": lambda: None, "hung": lambda: Hook(mode="silent")}[kind]()
+    port = box.port if box is not None else free_port()
+    dest = EmailDestination("oncall@example.org", f"smtp://127.0.0.1:{port}", timeout=0.4, retries=2, backoff=0.01)
+    from grpo_monitor.alerts.events import RunInfo, finding_message
+
+    m = finding_message(probe(3, severity="critical"), None, RunInfo("r1", "/runs/r"), 3)
+    try:
+        out = dest.send(dest.render(m), m, None)
+        time.sleep(1.0 if kind == "slow" else 0)
+    finally:
+        if box is not None:
+            box.close()
+    if kind == "try_later":
+        assert out.status == "delivered" and out.tries == 2 and len(box.mails) == 1
+    elif kind == "slow":
+        assert out.status == "unconfirmed" and out.tries == 1 and len(box.mails) == 1  # taken, so never twice
+    else:
+        assert out.status == "failed" and out.tries == 3
+
+
+def test_smtp_password_stays_secret(monkeypatch):
+    monkeypatch.setenv("GRPO_MONITOR_SMTP_PASSWORD", "pw-55555")
+    opts = AlertOptions.of({"alerts": {"email": "a@example.org", "smtp": "smtp+starttls://alerts@mail.example.org"}})
+    dest = opts.routes[0].destination
+    assert dest.starttls and dest.port == 587 and "pw-55555" not in repr(opts) and "pw-55555" not in dest.name
+    assert opts.scrub("login alerts pw-55555") == "login alerts ***"
+    monkeypatch.delenv("GRPO_MONITOR_SMTP_PASSWORD")
+    with pytest.raises(ValueError, match="no password"):
+        AlertOptions.of({"alerts": {"email": "a@example.org", "smtp": "smtp://alerts@mail.example.org"}})
+
+
+# -- trackers off the training thread -----------------------------------------------------------------
+
+
+def test_tracker_sinks_run_off_the_calling_thread_and_a_broken_one_is_dropped(hook):
+    calls = []
+
+    class Slow:
+        name = "slow"
+
+        def event(self, m):
+            time.sleep(0.2)
+            calls.append(("event", threading.current_thread().name))
+
+        def summary(self, s):
+            calls.append(("summary", threading.current_thread().name, s.final, s.delivery_totals()))
+
+    class Broken:
+        name = "broken"
+        calls = 0
+
+        def event(self, m):
+            Broken.calls += 1
+            raise RuntimeError("tracker down")
+
+    errors = []
+    d = AlertDispatcher([Slow(), Broken()], WebhookSender(hook.url()), on_error=lambda c, e: errors.append(c))
+    d.on_step(1, {}, [probe(1)], [])
+    assert calls == []  # handed over: the step does not wait on the sink
+    drive(d)
+    d.finish(30)
+    d.close()
+    assert errors == ["alerts to broken"] and Broken.calls == 1
+    assert {c[1] for c in calls} == {"grpo-monitor-trackers"}
+    assert len(hook.wait(5)) == 5  # the webhook went on: the step-1 warning, the episode's three, the end
+    # the last summary is the final one, with the counts
+    assert calls[-1] == ("summary", "grpo-monitor-trackers", True, {"messages": 5, "delivered": 5, "unconfirmed": 0, "lost": 0})
 
 
 def _missing_tracker_script(tracker: str) -> str:
@@ -272,64 +646,87 @@ print("dispatcher", d)
 
 @pytest.mark.parametrize("tracker", ["wandb", "trackio", "mlflow"])
 def test_a_tracker_that_is_not_installed_costs_one_warning_line(tracker):
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GRPO_MONITOR_")}
     out = subprocess.run([sys.executable, "-c", _missing_tracker_script(tracker)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
+                         cwd=ROOT, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"WARNING grpo-monitor: alerts to {tracker} failed (ModuleNotFoundError"), lines
     assert out.stdout.strip() == "dispatcher None"
 
 
-def test_a_sink_that_raises_is_dropped_after_one_report(hook):
-    class Broken:
-        name = "broken"
-        calls = 0
+# -- analyze --alerts --------------------------------------------------------------------------------
 
-        def event(self, m):
-            Broken.calls += 1
-            raise RuntimeError("tracker down")
 
-    errors = []
-    d = AlertDispatcher([Broken()], WebhookSender(hook.url()), on_error=lambda c, e: errors.append(c))
-    drive(d)
-    d.close()
-    assert errors == ["alerts to broken"] and Broken.calls == 1
-    assert len(hook.wait(3)) == 3  # the webhook went on
+def _export(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def _stalled_export(path: Path, stalled: bool) -> Path:
-    rows = [{"step": s, **(STALL if stalled else HEALTHY)} for s in range(1, 31)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return _export(path, [{"step": s, **(STALL if stalled else HEALTHY)} for s in range(1, 31)])
+
+
+def cli(*args):
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GRPO_MONITOR_")}
+    return subprocess.run([sys.executable, "-m", "grpo_monitor.app.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, env=env)
 
 
 def test_analyze_posts_the_verdict_of_a_foreign_run(tmp_path, hook):
     bad = _stalled_export(tmp_path / "stalled.jsonl", True)
     good = _stalled_export(tmp_path / "fine.jsonl", False)
-    out = subprocess.run([sys.executable, "-m", "grpo_monitor.app.cli", "analyze", str(bad), str(good), "--alerts", hook.url()],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    out = cli("analyze", str(bad), str(good), "--alerts", hook.url())
     assert out.returncode == 1, out.stderr
     (path, body), = hook.wait(1)
     assert body["event"] == "verdict" and body["verdict"] == "critical" and body["source"] == str(bad)
     assert [f["detector"] for f in body["findings"]] == ["no_learning_signal", "no_learning_signal"]
+    assert body["idempotency_key"] == hook.keys()[0]
     time.sleep(0.2)
     assert len(hook.received) == 1  # the healthy run stays quiet at the default minimum severity
 
 
-def test_analyze_alerts_failure_is_one_masked_line(tmp_path):
+def test_analyze_sends_a_run_it_could_not_judge_with_the_reason(tmp_path, hook):
+    unknown = _export(tmp_path / "mystery.jsonl", [{"step": s, "my_score": 0.1 * s, "gen_tokens": 10 + s} for s in range(1, 31)])
+    out = cli("analyze", str(unknown), "--alerts", hook.url())
+    assert out.returncode == 3, out.stderr
+    (_, body), = hook.wait(1)
+    assert body["verdict"] == "cannot_judge" and "my_score" in body["reason"] and "--map" in body["reason"]
+    assert "Not judged:" in body["text"]
+
+
+def test_analyze_checks_the_destination_before_it_reads_anything(tmp_path):
     bad = _stalled_export(tmp_path / "stalled.jsonl", True)
-    url = refused_url()
-    out = subprocess.run([sys.executable, "-m", "grpo_monitor.app.cli", "analyze", str(bad), "--alerts", url, "--alerts-format", "slack"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 1
+    out = cli("analyze", str(bad), "--alerts", "htp://example.org/secret-path")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().count("\n") == 0 and "--alerts" in out.stderr and "secret-path" not in out.stderr
+
+
+def test_analyze_alerts_failure_has_its_own_exit_code(tmp_path):
+    bad = _stalled_export(tmp_path / "stalled.jsonl", True)
+    out = cli("analyze", str(bad), "--alerts", refused_url(), "--alerts-format", "slack")
+    assert out.returncode == 4
     err = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert len(err) == 1 and err[0].startswith("grpo-monitor: alerts not sent:") and "secret-token-123" not in out.stderr
-    assert "secret-token-123" not in out.stdout
+    assert len(err) == 2 and err[0].startswith("grpo-monitor: alerts not sent:") and "exits 1" in err[1]
+    assert SECRET not in out.stderr and SECRET not in out.stdout and "critical" in out.stdout
+
+
+def test_analyze_alerts_analyses_each_run_once(tmp_path, hook, monkeypatch, capsys):
+    import grpo_monitor.analysis.report as report
+    from grpo_monitor.app.cli import main
+
+    calls = []
+    real = report.analyze_run
+    monkeypatch.setattr(report, "analyze_run", lambda p, *a, **k: calls.append(str(p)) or real(p, *a, **k))  # a spy
+    bad = _stalled_export(tmp_path / "stalled.jsonl", True)
+    good = _stalled_export(tmp_path / "fine.jsonl", False)
+    assert main(["analyze", str(bad), str(good), "--alerts", hook.url(), "--alerts-min-severity", "info"]) == 1
+    assert sorted(calls) == sorted([str(bad), str(good)]) and len(hook.wait(2)) == 2
 
 
 def test_importing_alerts_loads_no_tracker_and_no_torch():
     code = ("import sys, grpo_monitor.alerts\n"
-            "print(','.join(m for m in ('torch', 'transformers', 'wandb', 'trackio', 'mlflow', 'tensorboard') if m in sys.modules))")
+            "print(','.join(m for m in ('torch', 'transformers', 'wandb', 'trackio', 'mlflow', 'tensorboard', 'aiosmtpd') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120, check=True)
     assert out.stdout.strip() == ""
 
@@ -342,3 +739,16 @@ def test_non_finite_evidence_is_sent_as_strict_json(hook):
     d.close()
     (_, body), = hook.wait(1)
     assert body["finding"]["evidence"] == {"loss": "nan", "grad_norm": "inf"}
+
+
+def test_rate_limit_refills():
+    now = [0.0]
+    rl = RateLimit(per_minute=60, burst=2, clock=lambda: now[0])
+    assert rl.take() and rl.take() and not rl.take()
+    now[0] = 1.0
+    assert rl.take() and not rl.take()
+
+
+def test_webhook_destination_repr_hides_the_url():
+    dest = WebhookDestination(f"https://hooks.slack.com/services/T/B/{SECRET}")
+    assert SECRET not in repr(dest) and SECRET not in dest.name and SECRET not in dest.scrub(f"x {dest._url} y")

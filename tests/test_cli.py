@@ -101,3 +101,21 @@ def test_inspect_rewards_auto_on_the_demo_model(tmp_path):
     assert "format_reward" in out.stdout and "correctness_reward" in out.stdout
     assert "no one judged these samples" in out.stdout  # --auto never passes the gate
     assert not (tmp_path / "gate" / "reward_gate.json").exists()
+
+
+def test_every_verb_the_parser_knows_has_its_runner_and_nothing_else():
+    import argparse
+
+    from grpo_monitor.app.cli import VERBS, _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == list(VERBS)
+
+
+def test_every_command_exits_with_the_shared_codes():
+    from grpo_monitor.core.exit_codes import ExitCode
+
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4]
+    from grpo_monitor.app.cli import main
+
+    assert main(["supervise"]) == ExitCode.BAD_INPUT

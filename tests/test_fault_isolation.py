@@ -41,10 +41,10 @@ def test_broken_run_log_does_not_stop_training(tmp_path, caplog):
     class DiskFullAtStep2(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 2:
-                def full(records):
+                def full(data):
                     raise OSError(28, "No space left on device")
 
-                monitor_cb.writer._run.append = full
+                monitor_cb.writer._run.append_bytes = full
 
     import transformers
 
@@ -57,7 +57,7 @@ def test_broken_run_log_does_not_stop_training(tmp_path, caplog):
     trainer.add_callback(DiskFullAtStep2())
     trainer.train()
     assert trainer.state.global_step == 4
-    assert len(_warnings(caplog, "step record failed")) == 1
+    assert len(_warnings(caplog, "run log failed")) == 1
     log = read_run(tmp_path)
     assert [r["step"] for r in log.steps] == [1]  # what was written before the fault is kept
 

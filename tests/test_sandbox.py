@@ -7,9 +7,13 @@ reach no listener and leave no process behind. Limits are small so the suite sta
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -43,12 +47,11 @@ def caps(sandbox):
     return sandbox.capabilities()
 
 
-def need(caps, *names):
-    """Skip an attack whose containment needs isolation this machine does not grant (docs/REWARDS.md
-    says what is relied on instead); the fork bomb is never run without it."""
-    missing = [n for n in names if not caps.get(n)]
-    if missing:
-        pytest.skip(f"this machine grants no {', '.join(missing)} isolation to the sandbox")
+def need(caps):
+    """Skip an attack where this machine grants the sandbox no isolation (it then refuses every job;
+    test_refuses_where_no_isolation_is_possible covers that)."""
+    if caps.get("refused"):
+        pytest.skip(f"this machine grants the sandbox no isolation: {caps['refused']}")
 
 
 def sandbox_processes() -> list[int]:
@@ -75,10 +78,11 @@ def score(reward, code, tests=TESTS, **cols):
 
 
 def test_capabilities_here(caps):
-    if not caps.get("root"):
-        pytest.skip(f"not root: the sandbox runs with reduced isolation here ({caps})")
-    # As root the kernel grants every namespace the sandbox asks for; say so loudly if that changes.
-    assert caps.get("net") and caps.get("pid") and caps.get("mount"), caps
+    need(caps)
+    assert caps["isolation"] == "full", caps
+    if os.getuid() == 0:
+        # As root the kernel grants the namespaces directly and the code its own uid; say so loudly if that changes.
+        assert (caps["route"], caps["uid"]) == ("root", "own"), caps
 
 
 def test_honest_solutions_get_their_share(reward):
@@ -101,6 +105,33 @@ def test_assert_forms_and_stdio_tests(reward):
     assert score(reward, script, io_tests) == pytest.approx(2 / 3)  # run as a script; exit(0) is a clean end
     assert score(reward, "print(6)\nraise SystemExit(1)", io_tests[:1]) == 0.0
     assert score(reward, GOOD, "assert add(1, 2) == 3\nassert add(2, 2) == 5") == 0.5  # one string of asserts
+
+
+def test_the_standard_library_still_works_under_the_filter(reward):
+    # Threads (clone3 answers ENOSYS, the C library falls back to clone), asyncio's stream socket
+    # pair, a fork, a pipe, a temporary file in the working directory, the C extensions and ctypes.
+    code = """
+import asyncio, concurrent.futures, ctypes, json, os, tempfile, threading, zlib
+def add(a, b):
+    box = []
+    t = threading.Thread(target=lambda: box.append(a))
+    t.start(); t.join()
+    async def twice():
+        return await asyncio.sleep(0, result=box[0])
+    x = asyncio.run(twice())
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        y = pool.submit(lambda: b).result()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, b"1")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    with tempfile.NamedTemporaryFile(dir=".") as fh:
+        fh.write(zlib.compress(json.dumps([x, y]).encode()))
+    return x + y + int(os.read(r, 1)) - 1 + ctypes.c_int(0).value
+"""
+    assert score(reward, code) == 1.0
 
 
 def test_unscorable_examples_are_none(reward):
@@ -132,7 +163,7 @@ def test_infinite_loop(reward):
 
 
 def test_fork_bomb(caps, reward):
-    need(caps, "root", "pid")
+    need(caps)
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     assert reward(completions=[bomb], tests=[TESTS[:1]]) == [0.0]
 
@@ -143,7 +174,7 @@ def test_ten_gigabyte_allocation(reward):
 
 
 def test_one_gigabyte_write(caps, reward, tmp_path):
-    need(caps, "mount")
+    need(caps)
     write = "f = open('big.bin', 'wb')\nfor _ in range(1024):\n    f.write(b'x' * (1 << 20))\n"
     assert score(reward, write + GOOD) == 0.0  # the write fails at the file-size limit, the module with it
     ignore = "try:\n" + "".join(
@@ -152,7 +183,7 @@ def test_one_gigabyte_write(caps, reward, tmp_path):
 
 
 def test_writing_outside_the_working_directory(caps, reward, tmp_path):
-    need(caps, "root", "mount")
+    need(caps)
     tag = uuid.uuid4().hex
     targets = [f"/tmp/grpo-attack-{tag}", f"/var/tmp/grpo-attack-{tag}", f"/dev/shm/grpo-attack-{tag}",
                str(tmp_path / f"attack-{tag}"), str(ROOT / f"attack-{tag}"), f"/root/attack-{tag}",
@@ -166,7 +197,7 @@ def test_writing_outside_the_working_directory(caps, reward, tmp_path):
 
 
 def test_environment_secret_is_unreadable(caps, reward, monkeypatch, tmp_path):
-    need(caps, "root", "mount")
+    need(caps)
     secret = "s3cr3t-" + uuid.uuid4().hex
     monkeypatch.setenv("GRPO_SANDBOX_SECRET", secret)
     (tmp_path / "token").write_text(secret)
@@ -188,7 +219,7 @@ print(found)
 
 
 def test_socket_to_a_local_listener_gets_nothing(caps, reward):
-    need(caps, "net")
+    need(caps)
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.bind(("127.0.0.1", 0))
     srv.listen(8)
@@ -231,7 +262,7 @@ def reached():
 
 
 def test_killing_its_parent(caps, reward):
-    need(caps, "root", "pid")
+    need(caps)
     sentinel = subprocess.Popen(["sleep", "30"])
     try:
         code = f"""
@@ -263,7 +294,7 @@ def test_flooding_stdout(reward, sandbox):
 
 
 def test_daemonised_child_is_gone(caps, reward):
-    need(caps, "root", "pid")
+    need(caps)
     tag = uuid.uuid4().hex
     code = f"""
 import os, time
@@ -357,7 +388,7 @@ def add(a, b):
 
 
 def test_the_trainers_files_are_hidden(caps, reward):
-    need(caps, "mount")
+    need(caps)
     first_line = (ROOT / "pyproject.toml").read_text().splitlines()[0]
     code = f"""
 def leak():
@@ -374,3 +405,300 @@ def leak():
 def test_parallel_pool_scores_a_batch_in_order(reward):
     comps = [GOOD, "def add(a, b):\n    return a + b if a > 0 else 1\n", HACKS["always_equal"], GOOD]
     assert reward(completions=comps, tests=[TESTS] * 4) == [1.0, pytest.approx(2 / 3), 0.0, 1.0]
+
+
+# -- the verdict outside the completion's reach ---------------------------------------------------------
+
+# A completion patching the library function the test judges with, and scoring nothing unless it
+# truly computes the answer. The tests do not import the module: the solution was expected to.
+LIBRARY_PATCHES = {
+    "math_isclose": ("import math\nmath.isclose = lambda *a, **k: True\ndef area(r):\n    return 0\n",
+                     "import math\ndef area(r):\n    return math.pi * r * r\n",
+                     "assert math.isclose(area(2), 12.566, rel_tol=1e-3)"),
+    "operator_eq": ("import operator\noperator.eq = lambda *a: True\ndef add(a, b):\n    return None\n", GOOD,
+                    "assert operator.eq(add(1, 2), 3)"),
+    "re_fullmatch": ("import re\nre.fullmatch = lambda *a, **k: True\ndef pad(n):\n    return ''\n",
+                     "def pad(n):\n    return f'{n:03d}'\n", "assert re.fullmatch(r'\\d{3}', pad(5))"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIBRARY_PATCHES))
+def test_a_patched_library_never_judges(reward, name):
+    forged, honest, test = LIBRARY_PATCHES[name]
+    assert score(reward, forged, [test]) == 0.0
+    assert score(reward, honest, [test]) == 1.0
+
+
+def test_setup_values_and_subscripts_stay_out_of_the_sandbox(reward):
+    # The expected value sits in the setup code: the solution must not find it in its globals.
+    reader = "def add(a, b):\n    return globals().get('expected')\n"
+    assert score(reward, reader, ["assert add(1, 2) == expected"], test_setup_code=["expected = 987654321"]) == 0.0
+    assert score(reward, GOOD, ["assert add(1, 2) == expected"], test_setup_code=["expected = 3"]) == 1.0
+    # An object answering any index with the right value: the index is taken in the trainer, on data.
+    fake = "class Any:\n    def __getitem__(self, i):\n        return 5\ndef pair(x):\n    return Any()\n"
+    assert score(reward, fake, ["assert pair(5)[0] == 5"]) == 0.0
+    assert score(reward, "def pair(x):\n    return (x, x + 1)\n", ["assert pair(5)[0] == 5"]) == 1.0
+
+
+def test_setup_column_as_a_list_of_lines(reward):
+    setup = ["import math", "r = 2"]
+    test = ["assert math.isclose(area(r), 12.566, rel_tol=1e-3)"]
+    honest = "import math\ndef area(r):\n    return math.pi * r * r\n"
+    assert score(reward, honest, test, test_setup_code=[setup]) == 1.0
+    assert score(reward, honest, test, test_setup_code=[repr(setup)]) == 1.0  # the list, stored as its text
+    assert score(reward, LIBRARY_PATCHES["math_isclose"][0], test, test_setup_code=[setup]) == 0.0
+
+
+def test_the_comparison_is_bounded_in_memory_and_time(reward):
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    t0 = time.monotonic()
+    # The check `'x' * 3e9 == 'xxx'` would build a 3 GB string wherever it ran.
+    assert score(reward, "def f(n):\n    return 3 * 10**9\n", ["assert 'x' * f(1) == 'xxx'"]) == 0.0
+    # 9 ** 9 ** 9 has 369 million digits: minutes of CPU wherever it ran.
+    assert score(reward, "def f(n):\n    return 9\n", ["assert f(1) ** f(1) ** f(1) > 0"]) == 0.0
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - peak < 256 << 20
+    assert time.monotonic() - t0 < 30
+    assert score(reward, "def f(n):\n    return 3\n", ["assert 'x' * f(1) == 'xxx'"]) == 1.0  # the judge came back
+
+
+# -- memory per job ------------------------------------------------------------------------------------
+
+MEMORY = Limits(wall=5.0, cpu=4, memory=256 << 20, fsize=8 << 20, nproc=16)
+
+
+def _held(sandbox, code, probe):
+    from grpo_monitor.rewards.sandbox import decode_value
+
+    res = sandbox.run(code, probes=[probe], limits=MEMORY)
+    return res, (decode_value(res.values[0]) if res.ok else None)
+
+
+def test_memory_is_counted_over_all_the_jobs_processes(sandbox):
+    from tests.sandbox_escapes import PROCESSES
+
+    res, held = _held(sandbox, PROCESSES, "hold(6)")
+    assert held is None and res.status == "memory", (res.status, held)
+    res, held = _held(sandbox, PROCESSES, "hold(2)")  # 128 MiB in two processes: under the limit
+    assert held == 2 * (64 << 20), (res.status, res.error)
+
+
+def test_memory_files_count_too(sandbox):
+    from tests.sandbox_escapes import MEMFD
+
+    res, held = _held(sandbox, MEMFD, "hold(60)")  # 480 MiB of memory files, outside any address space
+    assert held is None or held <= MEMORY.memory, (res.status, held)
+
+
+# -- Unix sockets --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def run_socket():
+    """A world-connectable Unix socket under /run, as systemd and many daemons leave them."""
+    if not os.access("/run", os.W_OK):
+        pytest.skip("creating a socket under /run needs root")
+    path = f"/run/grpo-sandbox-{uuid.uuid4().hex[:12]}.sock"
+    received: list[bytes] = []
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    os.chmod(path, 0o777)
+    srv.listen(8)
+    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dgram.bind(path + ".d")
+    os.chmod(path + ".d", 0o777)
+    stop = threading.Event()
+
+    def serve():
+        srv.settimeout(0.2)
+        dgram.settimeout(0.2)
+        while not stop.is_set():
+            for s in (srv, dgram):
+                try:
+                    if s is srv:
+                        conn, _ = s.accept()
+                        received.append(conn.recv(64) or b"<connected>")
+                        conn.close()
+                    else:
+                        received.append(s.recv(64))
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield path, received
+    stop.set()
+    t.join(2)
+    srv.close()
+    dgram.close()
+    for p in (path, path + ".d"):
+        os.unlink(p)
+
+
+def test_unix_sockets_are_unreachable(reward, run_socket):
+    path, received = run_socket
+    code = f"""
+import socket
+ok = []
+for kind, target in ((socket.SOCK_STREAM, {path!r}), (socket.SOCK_DGRAM, {path + '.d'!r})):
+    try:
+        s = socket.socket(socket.AF_UNIX, kind)
+        s.settimeout(1)
+        s.connect(target)
+        s.send(b"escaped")
+        ok.append(target)
+    except OSError:
+        pass
+try:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b"escaped", {path + '.d'!r})
+    ok.append("socketpair")
+except OSError:
+    pass
+def reached():
+    return ok
+"""
+    assert score(reward, code, ["assert reached() != []"]) == 0.0
+    time.sleep(0.3)
+    assert received == []
+
+
+def test_the_filter_denies_what_it_says(caps, sandbox):
+    need(caps)
+    from grpo_monitor.rewards.sandbox import decode_value
+
+    code = """
+import ctypes, errno, os, socket
+def denied():
+    out = {}
+    for name, call in (("unix socket", lambda: socket.socket(socket.AF_UNIX)),
+                       ("unix datagram pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)),
+                       ("memfd", lambda: os.memfd_create("m"))):
+        try:
+            call()
+            out[name] = "allowed"
+        except OSError as exc:
+            out[name] = errno.errorcode[exc.errno]
+    libc = ctypes.CDLL(None, use_errno=True)
+    out["new user namespace"] = "allowed" if libc.unshare(0x10000000) == 0 else errno.errorcode[ctypes.get_errno()]
+    out["stream pair"] = len(socket.socketpair())
+    return out
+"""
+    res = sandbox.run(code, probes=["denied()"])
+    assert res.ok, res
+    assert decode_value(res.values[0]) == {"unix socket": "EPERM", "unix datagram pair": "EPERM", "memfd": "EPERM",
+                                           "new user namespace": "EPERM", "stream pair": 2}
+
+
+# -- one isolation policy, whoever runs it ---------------------------------------------------------------
+
+IDENTITIES = {
+    "root": [],
+    "root_without_cap_sys_admin": ["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin", "--"],
+    "nobody": ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"],
+}
+
+
+def _unsearchable(uid: int, path: str) -> list[str]:
+    """Directories above ``path`` that ``uid`` may not search."""
+    out = []
+    for d in reversed(Path(os.path.realpath(path)).parents):
+        st = d.stat()
+        if st.st_uid != uid and not st.st_mode & 0o001:
+            out.append(str(d))
+    return out
+
+
+def _as_identity(name: str) -> tuple[list[str], str, dict[str, str]]:
+    """The command prefix that runs a process as ``name``, its home, its environment."""
+    if os.getuid() != 0:
+        pytest.skip("running the sandbox as root, as root without CAP_SYS_ADMIN and as nobody needs root")
+    prefix = IDENTITIES[name]
+    if prefix and not shutil.which(prefix[0]):
+        pytest.skip(f"{prefix[0]} is not installed")
+    if name == "nobody":
+        # The training process must be able to start this interpreter again. Where it lies under a
+        # folder nobody may not search (pyenv under /root), a private mount namespace shows nobody
+        # that one path: an empty tmpfs on the folder, the interpreter's subfolder bound back in.
+        blocked = sorted({d for p in (sys.executable, os.__file__) for d in _unsearchable(65534, p)})
+        if len(blocked) > 1:
+            pytest.skip(f"the interpreter lies under several folders nobody may not search: {blocked}")
+        if blocked:
+            top = blocked[0]
+            sub = Path(os.path.realpath(sys.executable)).relative_to(top).parts[0]
+            if Path(os.path.realpath(os.__file__)).relative_to(top).parts[0] != sub:
+                pytest.skip(f"the interpreter and its standard library lie in two places under {top}")
+            show = (f'S=$(mktemp -d) && mount --bind {top}/{sub} "$S" && mount -t tmpfs -o mode=755 tmpfs {top} && '
+                    f'mkdir {top}/{sub} && mount --move "$S" {top}/{sub} && exec "$@"')
+            prefix = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", show, "sh"] + prefix
+    home = tempfile.mkdtemp(prefix="grpo-escape-home-")
+    os.chmod(home, 0o700)
+    if name == "nobody":
+        os.chown(home, 65534, 65534)
+    env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
+    probe = subprocess.run(prefix + [sys.executable, "-c", "import subprocess, sys, grpo_monitor.rewards.sandbox\n"
+                                     "subprocess.run([sys.executable, '-I', '-S', '-c', 'pass'], check=True)"],
+                           cwd=home, env=env | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    if probe.returncode != 0:
+        shutil.rmtree(home, ignore_errors=True)
+        pytest.skip(f"{sys.executable} cannot run as {name}: {probe.stderr.strip()[-300:]}")
+    return prefix, home, env
+
+
+@pytest.mark.parametrize("identity", sorted(IDENTITIES))
+def test_isolation_holds_as(identity, run_socket):
+    path, received = run_socket
+    prefix, home, env = _as_identity(identity)
+    try:
+        proc = subprocess.run(prefix + [sys.executable, str(ROOT / "tests" / "sandbox_escapes.py"), path], cwd=home,
+                              env=env, capture_output=True, text=True, timeout=180)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines, f"the training process did not finish (exit {proc.returncode}): {proc.stderr[-800:]}"
+    rep = json.loads(lines[-1])
+    assert (rep["honest"], rep["wrong"]) == (1.0, 0.0), rep
+    assert isinstance(rep["escape"], dict), rep
+    assert rep["escape"] == {"env": None, "secret_file": None, "tmp_secret": None, "environ": None, "tcp": False,
+                             "unix": False}, rep
+    assert (rep["tmp_written"], rep["tcp_received"], rep["left_behind"], rep["sentinel_alive"]) == (False, 0, [], True), rep
+    assert received == []
+    assert rep["processes"]["status"] == "memory" and rep["processes"]["held"] is None, rep
+    assert rep["memfd"]["held"] is None or rep["memfd"]["held"] <= 256 << 20, rep
+
+
+def test_refuses_where_no_isolation_is_possible(tmp_path):
+    """A user namespace that may create no user namespace, its root without capabilities: nothing
+    isolates. The sandbox refuses, in one line, until asked to run unisolated."""
+    if not (shutil.which("unshare") and shutil.which("setpriv")):
+        pytest.skip("unshare and setpriv are needed to build a machine without isolation")
+    script = tmp_path / "refuse.py"
+    script.write_text(f"""
+import logging, sys
+sys.path.insert(0, {str(ROOT)!r})
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+from grpo_monitor.rewards.sandbox import Sandbox, SandboxRefused
+from grpo_monitor.rewards.unit_tests import UnitTestReward
+reward = UnitTestReward(sandbox=Sandbox(workers=1))
+try:
+    reward(completions=[{GOOD!r}], tests=[{TESTS!r}])
+    print("RAN")
+except SandboxRefused as exc:
+    print("REFUSED " + str(exc))
+unsafe = UnitTestReward(sandbox=Sandbox(workers=1, isolation="none"))
+print("NONE", unsafe(completions=[{GOOD!r}], tests=[{TESTS!r}]))
+""")
+    inner = f"exec setpriv --inh-caps=-all --bounding-set=-all -- {sys.executable} {script}"
+    cmd = ["unshare", "--user", "--map-root-user", "sh", "-c",
+           f"echo 0 > /proc/sys/user/max_user_namespaces && {inner}"]
+    probe = subprocess.run(cmd[:3] + ["true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"this machine grants no user namespace to build the test in: {probe.stderr.strip()}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = proc.stdout.splitlines()
+    refused = [ln for ln in out if ln.startswith("REFUSED ")]
+    assert refused and "RAN" not in out, (proc.stdout, proc.stderr[-800:])
+    assert "isolation='none'" in refused[0] and "\n" not in refused[0]
+    assert "NONE [1.0]" in out, (proc.stdout, proc.stderr[-800:])
+    assert "unsafe" in proc.stderr.lower()

@@ -259,13 +259,15 @@ def test_run_dir_torn_last_line_is_a_warning(tmp_path):
     assert any("half-written" in w for w in src.warnings)
 
 
-def test_run_dir_corrupt_middle_line_names_file_and_line(tmp_path):
+def test_run_dir_corrupt_middle_line_costs_that_line_and_is_named(tmp_path):
     run_dir = write_run(tmp_path / "run", steps=3)
     lines = (run_dir / "run.jsonl").read_text().splitlines()
-    lines[2] = lines[2][:15] + "#garbage"
+    lines[2] = lines[2][:15] + "#garbage"  # the second step record (step 4)
     (run_dir / "run.jsonl").write_text("\n".join(lines) + "\n")
-    err = assert_one_line_error(run_dir, "run.jsonl:3")
-    assert "corrupt" in str(err)
+    src = load_source(run_dir)
+    assert [s for s, _ in src.steps] == [2, 6]
+    [warning] = [w for w in src.warnings if "run.jsonl:3" in w]
+    assert "corrupt record" in warning and "skipped 1 unreadable record" in warning and "\n" not in warning
 
 
 # ----------------------------------------------------------------------------------- CSV

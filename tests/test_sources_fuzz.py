@@ -513,3 +513,69 @@ def test_steps_beyond_64_bits_give_one_line(text, kwargs):
         except SourceError as exc:
             assert "\n" not in str(exc)
         check(p)
+
+
+# -- one bad line in a run log costs that line alone -----------------------------------------------
+
+RUN_STEPS = 8
+BAD_STEPS = [b"true", b'"4"', b"5.5", b"2.0", b"1e999", b"-" + b"9" * 30, b"null", b"[1]"]
+
+
+def _valid_run(d: Path) -> None:
+    from grpo_monitor.core.runlog import RunWriter
+
+    w = RunWriter(d)
+    w.header(run_id="r", config={"logging_steps": 1, "max_steps": RUN_STEPS}, model={"is_moe": False})
+    for s in range(1, RUN_STEPS + 1):
+        w.step(s, {"entropy": 1.0 - s / 50, "reward": s / 10, "completions/mean_length": 10.0 + s}, time=float(s))
+        w.samples([{"step": s, "rank": 0, "index": i, "group": 0, "length": 3 + i, "truncated": False,
+                    "rewards": {"f": float(i)}, "correct": None} for i in range(3)])
+    w.write({"type": "summary", "step": RUN_STEPS, "metrics": {"train_runtime": 1.0}})
+    w.close()
+
+
+def _bad_version(line: bytes, how: str, data) -> bytes:
+    """``line`` (a whole record) made into a line that is no record, by construction."""
+    if how == "torn":  # a prefix of a JSON object never closes it
+        return line[: data.draw(st.integers(1, len(line) - 1), label="cut")]
+    if how == "step":
+        return line.replace(b'"step":', b'"step":' + data.draw(st.sampled_from(BAD_STEPS), label="step") + b',"was":', 1)
+    if how == "huge_number":  # beyond Python's 4300-digit limit for integers
+        return line[:-1] + b',"big":' + b"7" * 4400 + b"}"
+    if how == "deep":
+        depth = data.draw(st.integers(1025, 3000), label="depth")
+        return line[:-1] + b',"deep":' + b"[" * depth + b"]" * depth + b"}"
+    junk = data.draw(st.binary(min_size=1, max_size=80).filter(lambda b: b"\n" not in b and b.strip() and b'"type"' not in b),
+                     label="junk")
+    return junk
+
+
+@FUZZ
+@given(data=st.data())
+def test_one_bad_or_inserted_line_costs_that_line_alone(data):
+    """For a valid run log and any single corrupted or inserted line, ``analyze`` reads every other
+    step and reports the bad line with its file and line number."""
+    from grpo_monitor import analyze
+
+    name = data.draw(st.sampled_from(["run.jsonl", "samples.rank0.jsonl"]), label="file")
+    how = data.draw(st.sampled_from(["torn", "step", "huge_number", "deep", "junk", "insert"]), label="how")
+    with folder() as d:
+        _valid_run(d)
+        path = d / name
+        lines = path.read_bytes().split(b"\n")[:-1]
+        first = 1 if name == "run.jsonl" else 0  # the header is the run: it is not one bad line among others
+        at = data.draw(st.integers(first, len(lines) - (0 if how == "insert" else 1)), label="line")
+        if how == "insert":
+            lines.insert(at, _bad_version(b"", "junk", data))
+        else:
+            lines[at] = _bad_version(lines[at], how, data)
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        expected = list(range(1, RUN_STEPS + 1))
+        if name == "run.jsonl" and how != "insert" and at <= RUN_STEPS:  # a step record was spoilt
+            expected.remove(at)
+        [run] = analyze(d).runs
+        assert [s for s, _ in run.series["entropy"]] == expected
+        assert run.skipped is not None and run.skipped["count"] == 1, run.skipped
+        assert run.skipped["where"][0].startswith(f"{path}:{at + 1}: ")
+        doc = run.to_dict()
+        assert doc["skipped_records"]["count"] == 1 and any(f"{name}:{at + 1}:" in n for n in doc["notes"])

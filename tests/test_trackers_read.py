@@ -1,11 +1,17 @@
 """One real TRL run on the tiny model, logged four ways at once: its console output captured to a
 file (tqdm on), its checkpoint's trainer_state.json, a W&B offline run directory and a trackio
-project. Every reader must give the same steps and values, and ``analyze`` the same findings."""
+project. Every reader must give the same steps and values, and ``analyze`` the same findings.
+
+A second run, with the monitor attached and driven into a sudden collapse (the demo's scenario),
+reports to W&B and trackio: what ``analyze`` reads back from each gives the run log's findings and
+recommendations (the whole config read, the monitor's own tables and verdict not taken as metrics),
+and a ``wandb/`` folder holding both runs is reported run by run."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +63,34 @@ def run(tmp_path_factory):
         "wandb": root / "wb" / "wandb",
         "trackio": root / "trackio" / "console-check.db",
     }
+
+
+MONITORED = """
+import sys
+from grpo_monitor.app.demo import SCENARIOS, build_scenario_trainer, demo_config
+from grpo_monitor.callbacks import attach
+
+spec = SCENARIOS["sudden_collapse"]
+args = demo_config(sys.argv[1], spec["steps"], report_to=["wandb", "trackio"], project="monitored",
+                   run_name="monitored", **spec["config"])
+trainer = build_scenario_trainer(args, "sudden_collapse")
+attach(trainer, sys.argv[1] + "/grpo-monitor")
+trainer.train()
+"""
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory):
+    root = tmp_path_factory.mktemp("monitored")
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(root / "wb"), WANDB_SILENT="true",
+               TRACKIO_DIR=str(root / "trackio"), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env = {k: v for k, v in env.items() if not k.startswith("GRPO_MONITOR_")}
+    (root / "wb").mkdir()
+    proc = subprocess.run([sys.executable, "-c", MONITORED, str(root / "out")], capture_output=True, text=True, env=env,
+                          cwd=root, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"run_dir": root / "out" / "grpo-monitor", "wandb": root / "wb" / "wandb",
+            "trackio": root / "trackio" / "monitored.db"}
 
 
 def test_the_run_logged_every_way(run):
@@ -159,3 +193,41 @@ def test_wandb_falls_back_to_its_files(tmp_path):
     (run_dir / "files" / "wandb-history.jsonl").write_text(
         "".join(json.dumps({"train/reward": r, "train/global_step": s}) + "\n" for s, r in [(10, 0.1), (20, 0.2)]))
     assert [s for s, _ in load_source(run_dir).steps] == [10, 20]
+
+
+def _verdicts(report: dict) -> tuple:
+    findings = sorted((f["detector"], f["severity"], f["step"], f.get("onset_step"), f.get("variant"),
+                       json.dumps(f.get("config_overrides"), sort_keys=True))
+                      for f in report["findings"] if not f["detector"].startswith("config_"))
+    recs = [(r["variant"], r.get("status"), r["detector"], r["step"], json.dumps(r["config_overrides"], sort_keys=True))
+            for r in report["recommendations"] if not r["detector"].startswith("config_")]
+    return findings, recs
+
+
+@pytest.mark.parametrize("kind", ["wandb", "trackio"])
+def test_a_trackers_run_gives_the_run_logs_findings_and_recommendations(monitored, kind):
+    ref = analyze_json(monitored["run_dir"])
+    got = analyze_json(monitored[kind])
+    assert got["verdict"] == ref["verdict"] == "critical"
+    assert _verdicts(got) == _verdicts(ref)
+    # the remedy for the crash needs the configured learning rate: the whole config was read
+    assert "lower_learning_rate" in {r["variant"] for r in got["recommendations"]}
+    # the monitor's own findings tables and verdict, logged into the same run, are not metrics of it
+    assert not [m for m in got["metrics_found"] if m.startswith("grpo_monitor")]
+    assert not [w for w in got.get("notes", []) if "without the trainer's step" in w]
+
+
+def test_a_wandb_folder_of_two_runs_is_reported_run_by_run(run, monitored, tmp_path):
+    both = tmp_path / "wandb"
+    for source in (run["wandb"], monitored["wandb"]):
+        for d in source.glob("offline-run-*"):
+            shutil.copytree(d, both / d.name)
+    proc = subprocess.run([sys.executable, "-m", "grpo_monitor.app.cli", "analyze", str(both), "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    runs = json.loads(proc.stdout)["runs"]
+    assert sorted(Path(r["source"]).name for r in runs) == sorted(d.name for d in both.iterdir())
+    assert sorted(r["steps"] for r in runs) == sorted([STEPS // LOGGING_STEPS, 50])
+    assert len(runs) == 2 and {r["format"] for r in runs} == {"wandb"}
+    # read as one path, the folder gives its latest run and says there are more
+    latest = load_source(both)
+    assert any("2 W&B runs here" in w for w in latest.warnings)

@@ -69,7 +69,7 @@ def _quits(sock: str) -> bool:
 def test_dashboard_in_a_real_terminal(tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_synthetic_run(run, steps=50)
-    with _terminal(f"{sys.executable} -m grpo_monitor.app.dashboard {run}", 120, 40) as sock:
+    with _terminal(f"{sys.executable} -m grpo_monitor watch {run}", 120, 40) as sock:
         text = _wait_for(sock, ["entropy", "completion length", "demo-run"])
         for name in ("entropy", "completion length", "┄cap 256", "loss_type dapo", "Qwen3MoeForCausalLM"):
             assert name in text, f"{name!r} not on screen:\n{text}"

@@ -1,9 +1,11 @@
 """Alerts: findings sent where a team already looks.
 
-Live, ``attach(trainer, alerts=URL)`` (or ``GRPO_MONITOR_WEBHOOK_URL``) posts one Slack, Discord
-or generic JSON message per detector episode and severity, and one when it resolves; the trackers
-in ``args.report_to`` (W&B, trackio, TensorBoard, MLflow) get the findings in the run they already
-have. Offline, ``grpo-monitor analyze --alerts URL`` posts each analysed run's verdict.
+Live, ``attach(trainer, alerts=...)`` (or ``GRPO_MONITOR_WEBHOOK_URL``) sends one message per detector
+episode and severity, one when it resolves, and the run's life (a restart, a crash, its end) to each
+destination: Slack, Discord, Microsoft Teams, PagerDuty, any JSON webhook (with its own headers or
+payload template), email over SMTP. The trackers in ``args.report_to`` (W&B, trackio, TensorBoard,
+MLflow) get the findings in the run they already have. Offline, ``grpo-monitor analyze --alerts``
+sends each analysed run's verdict.
 
 Nothing here imports a tracker or opens a connection until it is used; ``docs/ALERTS.md`` shows
 every message.
@@ -11,13 +13,21 @@ every message.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_monitor.alerts.dispatch import OPTION_KEYS, AlertDispatcher, AlertOptions, build_dispatcher
+from grpo_monitor.alerts.delivery import Outcome, RateLimit, Sender
+from grpo_monitor.alerts.dispatch import (
+    OPTION_KEYS,
+    AlertDispatcher,
+    AlertOptions,
+    build_dispatcher,
+    describe,
+    watch_training,
+)
 from grpo_monitor.alerts.events import verdict_message
-from grpo_monitor.alerts.webhook import ENV_URL, FORMATS, WebhookSender, detect_format, mask_url, post_messages
+from grpo_monitor.alerts.formats import FORMATS
+from grpo_monitor.alerts.webhook import ENV_URL, WebhookSender, detect_format, mask_url
 
 __all__ = [
     "ENV_URL",
@@ -25,63 +35,77 @@ __all__ = [
     "OPTION_KEYS",
     "AlertDispatcher",
     "AlertOptions",
+    "Outcome",
+    "RateLimit",
+    "Sender",
     "WebhookSender",
     "build_dispatcher",
+    "describe",
     "detect_format",
     "mask_url",
     "post_report",
     "redact",
     "report_messages",
+    "watch_training",
 ]
 
-_SEVERITY_RANK = {"info": 0, "healthy": 0, "incomplete": 0, "cannot_judge": 0, "warning": 1, "critical": 2}
+# A verdict worth a message at each minimum severity: a run nothing could judge is never passed over
+# as healthy, one still running (``incomplete``) is news only to ``info``.
+_SEVERITY_RANK = {"info": 0, "healthy": 0, "incomplete": 0, "cannot_judge": 1, "warning": 1, "critical": 2}
 
 
 def redact(items: Sequence[str], options: Any = None) -> list[str]:
-    """``items`` (a command line, say) with the webhook URL of ``options`` (or the environment's)
-    masked, so the run log never holds it."""
-    from grpo_monitor.alerts.webhook import scrub
-
+    """``items`` (a command line, say) with every destination's secrets in ``options`` (or the
+    environment's) masked, so the run log never holds them."""
     try:
-        url = AlertOptions.of(options).url
+        opts = AlertOptions.of(options)
     except Exception:
+        from grpo_monitor.alerts.webhook import scrub
+
         url = options if isinstance(options, str) else None
-    if not url:
-        return list(items)
-    return [scrub(x, url) if isinstance(x, str) else x for x in items]
+        return [scrub(x, url) if isinstance(x, str) and url else x for x in items]
+    return [opts.scrub(x) if isinstance(x, str) else x for x in items]
 
 
 def report_messages(report: Any, min_severity: str = "warning") -> list[dict[str, Any]]:
-    """One verdict message per run of a ``monitor.analysis.Report`` whose verdict reaches ``min_severity``
-    (``info`` posts every run, healthy ones too)."""
+    """One verdict message per run of an ``analysis.report.Report`` whose verdict reaches
+    ``min_severity`` (``info`` sends every run, healthy ones too); a run that could not be judged
+    says why."""
+    from grpo_monitor.analysis.report import needs_text
+
     out = []
     for run in report.runs:
         verdict = run.verdict
         if _SEVERITY_RANK.get(verdict, 1) < _SEVERITY_RANK[min_severity]:
             continue
+        reason = needs_text(run) if verdict == "cannot_judge" else (run.status_note or None if verdict == "incomplete" else None)
         out.append(verdict_message(verdict, [f.to_dict() for f in run.findings], run.recommendations,
-                                   run_id=None, run_dir=str(run.source), source=str(run.source), steps=run.steps))
+                                   run_id=None, run_dir=str(run.source), source=str(run.source), steps=run.steps,
+                                   reason=reason))
     return out
 
 
-def post_report(report: Any, url: str, fmt: str | None = None, min_severity: str = "warning",
-                **kwargs: Any) -> list[str]:
-    """Post ``report``'s verdicts to ``url`` now (retries included); the errors, URL masked."""
-    return post_messages(url, report_messages(report, min_severity), fmt, **kwargs)
+def cli_destination(spec: str, fmt: str | None = None) -> Any:
+    """The destination ``grpo-monitor analyze --alerts SPEC`` sends to (checked now: a bad URL or
+    format is one line before anything is read)."""
+    return AlertOptions(alerts=spec, alerts_format=fmt, alerts_trackers=False).routes[0].destination
 
 
-def analyze_cli_post(paths: Sequence[str], url: str, fmt: str | None, min_severity: str, **analyze_options: Any) -> bool:
-    """``grpo-monitor analyze --alerts``: replay ``paths`` and post the verdicts; one stderr line
-    per delivery that failed. True when every message went out."""
-    from grpo_monitor.analysis.report import analyze
+def post_report(report: Any, destination: Any, min_severity: str = "warning") -> list[str]:
+    """Send ``report``'s verdicts to ``destination`` now, in this thread (retries included); what
+    went wrong with each that was not confirmed delivered, secrets masked."""
+    from grpo_monitor.alerts.delivery import DELIVERED, SKIPPED
 
-    try:
-        detect_format(url, fmt)
-        errors = post_report(analyze(list(paths), **analyze_options), url, fmt, min_severity)
-    except Exception as exc:  # the report is printed already; the post failing is one line, never a traceback
-        from grpo_monitor.alerts.webhook import scrub
-
-        errors = [scrub(f"{type(exc).__name__}: {exc}", url)]
-    for e in errors:
-        print(f"grpo-monitor: alerts not sent: {e}", file=sys.stderr)
-    return not errors
+    errors = []
+    for m in report_messages(report, min_severity):
+        try:
+            body = destination.render(m)
+            if body is None:
+                continue
+            out = destination.send(body, m, None)
+        except Exception as exc:  # one line, never a traceback
+            errors.append(destination.scrub(f"{m.get('source')}: {type(exc).__name__}: {exc}"))
+            continue
+        if out.status not in (DELIVERED, SKIPPED):
+            errors.append(f"{m.get('source')}: {out.detail}")
+    return errors

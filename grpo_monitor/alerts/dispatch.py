@@ -1,49 +1,185 @@
-"""``AlertDispatcher``: the live callback hands it each step's findings; it fans them out to the
-trackers and the webhook, each isolated from the others and from the run."""
+"""``AlertDispatcher``: the live callback hands it each step's findings and the run's life (a
+restart, the end, a crash); it fans them out to the trackers and to each destination (webhooks,
+email), each isolated from the others and from the run, and accounts for every message.
+
+``AlertOptions`` checks every option when ``attach`` is called, so a mistyped one is one clear
+error before training starts, never a line in the middle of it.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from grpo_monitor.alerts.events import RANK, Episodes, as_dict, finding_message, recommendation_for, resolved_message, verdict_of
-from grpo_monitor.alerts.trackers import SummaryState, build_sinks, reported_trackers
-from grpo_monitor.alerts.webhook import ENV_FORMAT, ENV_URL, WebhookSender, mask_url, scrub
+from grpo_monitor.alerts.delivery import FAILED, LOST, QUEUE_FULL, RATE_LIMITED, UNSENT, Sender
+from grpo_monitor.alerts.events import (
+    RANK,
+    Episodes,
+    RunInfo,
+    as_dict,
+    crash_message,
+    end_message,
+    finding_message,
+    notice_message,
+    recommendation_for,
+    resolved_message,
+    restart_message,
+    verdict_of,
+)
+from grpo_monitor.alerts.formats import FORMATS
+from grpo_monitor.alerts.mail import EmailDestination
+from grpo_monitor.alerts.trackers import SummaryState, TrackerWorker, build_sinks, reported_trackers
+from grpo_monitor.alerts.webhook import ENV_FORMAT, ENV_ROUTING_KEY, ENV_URL, WebhookDestination, mask_url
 
 logger = logging.getLogger("grpo_monitor")
 
 # attach(...) keyword -> option name here; all optional.
 OPTION_KEYS = ("alerts", "alerts_format", "alerts_min_severity", "alerts_trackers", "alerts_per_minute",
-               "alerts_burst", "alerts_retries", "alerts_timeout", "alerts_flush_timeout")
+               "alerts_burst", "alerts_retries", "alerts_timeout", "alerts_flush_timeout", "alerts_headers",
+               "alerts_template", "alerts_mention", "alerts_max_per_run", "alerts_cooldown_steps")
 MIN_SEVERITIES = ("warning", "critical")
+# What a destination given as a dict may say; the options above are its defaults.
+WEBHOOK_KEYS = ("url", "format", "headers", "template", "mention", "routing_key", "idempotent", "min_severity",
+                "timeout", "retries", "per_minute", "burst")
+EMAIL_KEYS = ("email", "smtp", "from", "password", "min_severity", "timeout", "retries", "per_minute", "burst")
+# The open episodes a segment stopped for a restart hands to the next one (in its run directory).
+STATE_FILE = "alerts_state.json"
+
+
+def _number(name: str, value: Any, *, minimum: float, integer: bool = False, strict: bool = False) -> Any:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > minimum if strict else value >= minimum)
+    if ok and integer:
+        ok = float(value).is_integer()
+    if not ok:
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise ValueError(f"{name} must be a {'whole ' if integer else ''}number {bound}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+class Route:
+    """One destination as the dispatcher uses it: what it is, its rate limit and minimum severity."""
+
+    def __init__(self, destination: Any, *, min_severity: str, per_minute: float, burst: int) -> None:
+        self.destination = destination
+        self.min_rank = RANK[min_severity]
+        self.per_minute, self.burst = per_minute, burst
+
+    @property
+    def name(self) -> str:
+        return self.destination.name
 
 
 class AlertOptions:
+    """Every alert option, checked. ``alerts`` is a destination or a list of them: a webhook URL,
+    ``mailto:ADDRESS[,ADDRESS]`` (the SMTP server from ``$GRPO_MONITOR_SMTP_URL``), or a dict
+    (``{"url": ..., "format": ..., "headers": ..., "template": ..., "mention": ..., ...}`` or
+    ``{"email": ..., "smtp": ..., "from": ...}``); the other options are the destinations' defaults."""
+
     def __init__(self, alerts: Any = None, alerts_format: str | None = None, alerts_min_severity: str = "warning",
                  alerts_trackers: Any = True, alerts_per_minute: float = 20.0, alerts_burst: int = 5,
-                 alerts_retries: int = 3, alerts_timeout: float = 5.0, alerts_flush_timeout: float = 5.0) -> None:
+                 alerts_retries: int = 3, alerts_timeout: float = 5.0, alerts_flush_timeout: float = 5.0,
+                 alerts_headers: Mapping[str, str] | None = None, alerts_template: Any = None,
+                 alerts_mention: str | None = None, alerts_max_per_run: int | None = None,
+                 alerts_cooldown_steps: int = 0) -> None:
         if alerts_min_severity not in MIN_SEVERITIES:
             raise ValueError(f"alerts_min_severity must be one of {MIN_SEVERITIES}, got {alerts_min_severity!r}")
+        fmt = alerts_format or os.environ.get(ENV_FORMAT) or None
+        if fmt is not None and fmt not in FORMATS:
+            raise ValueError(f"alerts_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        if not (alerts_trackers is True or alerts_trackers is False or isinstance(alerts_trackers, (str, list, tuple))):
+            raise ValueError(f"alerts_trackers must be True, False or tracker names, got {alerts_trackers!r}")
         self.enabled = alerts is not False
-        self.url = alerts if isinstance(alerts, str) and alerts else None
-        if self.url is None and self.enabled:
-            self.url = os.environ.get(ENV_URL) or None
-        self.format = alerts_format or os.environ.get(ENV_FORMAT) or None
         self.min_severity = alerts_min_severity
+        self.format = fmt
         self.trackers = alerts_trackers
-        self.per_minute, self.burst = float(alerts_per_minute), int(alerts_burst)
-        self.retries, self.timeout, self.flush_timeout = int(alerts_retries), float(alerts_timeout), float(alerts_flush_timeout)
+        self.per_minute = _number("alerts_per_minute", alerts_per_minute, minimum=0, strict=True)
+        self.burst = _number("alerts_burst", alerts_burst, minimum=1, integer=True)
+        self.retries = _number("alerts_retries", alerts_retries, minimum=0, integer=True)
+        self.timeout = _number("alerts_timeout", alerts_timeout, minimum=0, strict=True)
+        self.flush_timeout = _number("alerts_flush_timeout", alerts_flush_timeout, minimum=0)
+        self.max_per_run = None if alerts_max_per_run is None else _number("alerts_max_per_run", alerts_max_per_run,
+                                                                           minimum=1, integer=True)
+        self.cooldown_steps = _number("alerts_cooldown_steps", alerts_cooldown_steps, minimum=0, integer=True)
+        self.headers, self.template, self.mention = alerts_headers, alerts_template, alerts_mention
+        specs: list[Any] = []
+        if self.enabled:
+            if alerts is None or alerts is True:
+                specs = [os.environ[ENV_URL]] if os.environ.get(ENV_URL) else []
+            elif isinstance(alerts, (str, Mapping)):
+                specs = [alerts]
+            elif isinstance(alerts, (list, tuple)):
+                specs = list(alerts)
+            else:
+                raise ValueError("alerts must be a webhook URL, mailto:ADDRESS, a dict describing a destination, "
+                                 f"a list of those, or False; got {type(alerts).__name__}")
+        self.routes = [self._route(s, i) for i, s in enumerate(specs)]
 
-    def __repr__(self) -> str:  # never the URL
-        return f"AlertOptions(webhook={mask_url(self.url) if self.url else None}, min_severity={self.min_severity})"
+    def _route(self, spec: Any, i: int) -> Route:
+        where = f"alerts destination {i + 1}" if i else "alerts"
+        if isinstance(spec, str):
+            if spec.startswith("mailto:"):
+                spec = {"email": spec[len("mailto:"):]}
+            else:
+                spec = {"url": spec}
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"{where}: a destination is a URL, mailto:ADDRESS or a dict, got {type(spec).__name__}")
+        spec = dict(spec)
+        kind = "email" if "email" in spec else "webhook"
+        allowed = EMAIL_KEYS if kind == "email" else WEBHOOK_KEYS
+        unknown = sorted(set(spec) - set(allowed))
+        if unknown or (kind == "webhook" and "url" not in spec):
+            need = "" if "url" in spec or kind == "email" else "a 'url' or an 'email'; "
+            raise ValueError(f"{where}: {need}unknown keys {unknown}; a {kind} destination takes {', '.join(allowed)}")
+        min_severity = spec.get("min_severity", self.min_severity)
+        if min_severity not in MIN_SEVERITIES:
+            raise ValueError(f"{where}: min_severity must be one of {MIN_SEVERITIES}, got {min_severity!r}")
+        timeout = _number(f"{where}: timeout", spec.get("timeout", self.timeout), minimum=0, strict=True)
+        retries = _number(f"{where}: retries", spec.get("retries", self.retries), minimum=0, integer=True)
+        try:
+            if kind == "email":
+                dest: Any = EmailDestination(spec["email"], spec.get("smtp"), spec.get("from"), password=spec.get("password"),
+                                             timeout=timeout, retries=retries)
+            else:
+                url = spec["url"]
+                fmt = spec.get("format", self.format)
+                dest = WebhookDestination(url, fmt, headers=spec.get("headers", self.headers),
+                                          template=spec.get("template", self.template),
+                                          mention=spec.get("mention", self.mention),
+                                          routing_key=spec.get("routing_key") or os.environ.get(ENV_ROUTING_KEY),
+                                          idempotent=spec.get("idempotent"), timeout=timeout, retries=retries)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}" if i else str(exc)) from None
+        return Route(dest, min_severity=min_severity,
+                     per_minute=_number(f"{where}: per_minute", spec.get("per_minute", self.per_minute), minimum=0, strict=True),
+                     burst=_number(f"{where}: burst", spec.get("burst", self.burst), minimum=1, integer=True))
+
+    @property
+    def url(self) -> str | None:
+        """The first webhook's URL (kept for callers that had one destination)."""
+        for r in self.routes:
+            if isinstance(r.destination, WebhookDestination):
+                return r.destination._url
+        return None
+
+    def scrub(self, text: str) -> str:
+        for r in self.routes:
+            text = r.destination.scrub(text)
+        return text
+
+    def __repr__(self) -> str:  # never a URL or a header
+        return f"AlertOptions(destinations={[r.name for r in self.routes]}, min_severity={self.min_severity})"
 
     @classmethod
     def of(cls, options: Any) -> AlertOptions:
         if isinstance(options, AlertOptions):
             return options
-        if options is None or isinstance(options, (str, bool)):
+        if options is None or isinstance(options, (str, bool, list, tuple)):
             return cls(alerts=options)
         if isinstance(options, Mapping):
             unknown = set(options) - set(OPTION_KEYS)
@@ -54,109 +190,304 @@ class AlertOptions:
 
 
 class AlertDispatcher:
-    """Rank 0's alert fan-out. ``on_step`` per logged step, ``finish`` at the trainer's final log,
-    ``close`` at train end. A sink that raises is reported once through ``on_error`` and dropped."""
+    """Rank 0's alert fan-out. ``on_step`` per logged step, ``restart`` when the monitor stops the run
+    to restart it, ``finish`` at the trainer's final log (the run's end message, the flush, the
+    counts), ``crash`` when the training raised, ``close`` at train end.
 
-    def __init__(self, sinks: Sequence[Any], webhook: WebhookSender | None, *, min_severity: str = "warning",
+    ``senders``: a ``Sender`` or a list of them, or ``(Sender, min_severity)`` pairs. A tracker sink
+    that raises is reported once through ``on_error`` and dropped; trouble delivering a message is
+    counted, noted in the run log (``note``) and said in one warning line at the end."""
+
+    def __init__(self, sinks: Sequence[Any], senders: Any = None, *, min_severity: str = "warning",
                  run_id: str | None = None, run_dir: str | None = None, flush_timeout: float = 5.0,
-                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
-        self.sinks = list(sinks)
-        self.webhook = webhook
-        self.min_rank = RANK[min_severity]
-        self.run_id, self.run_dir = run_id, run_dir
-        self.flush_timeout = flush_timeout
+                 on_error: Callable[[str, BaseException], None] | None = None,
+                 note: Callable[[dict[str, Any]], None] | None = None, max_per_run: int | None = None,
+                 cooldown_steps: int = 0, segment: int = 0, inherited: Mapping[str, Any] | None = None,
+                 max_steps: int | None = None) -> None:
+        self.run = RunInfo(run_id, run_dir, segment, (inherited or {}).get("lineage"))
+        self.trackers = TrackerWorker(sinks) if sinks else None
+        if senders is None:
+            senders = []
+        elif isinstance(senders, Sender):
+            senders = [senders]
+        self.routes: list[tuple[Sender, int]] = []
+        for s in senders:
+            sender, sev = s if isinstance(s, tuple) else (s, min_severity)
+            if sender.notice is None:
+                sender.notice = lambda count, seq: notice_message(self.run, count, "the rate limit", seq)
+            self.routes.append((sender, RANK[sev]))
+        self.flush_timeout = float(flush_timeout)
         self.on_error = on_error or _log_error
+        self.note = note
+        self.max_per_run, self.cooldown_steps, self.max_steps = max_per_run, int(cooldown_steps), max_steps
         self.episodes = Episodes()
         self.findings: list[dict[str, Any]] = []
         self.recs: list[dict[str, Any]] = []
         self.status: dict[tuple[str, Any], str] = {}
-        self._webhooked: set[str] = set()  # detectors whose open episode reached the webhook
+        # Per destination: the keys of the messages each open episode put on its queue, for the resolution.
+        self._episode_keys: list[dict[str, list[str]]] = [{} for _ in self.routes]
+        self._last_said: dict[str, int] = {}  # detector -> step of its last message (the cooldown)
+        self._announced = 0  # finding messages handed to a destination (the per-run cap)
+        self.not_sent = {"over_the_cap": 0, "in_the_cooldown": 0, "resolution_of_an_unsent_opening": 0}
+        self._troubled: set[str] = set()
+        self.restarted: Mapping[str, Any] | None = None
+        self.delivery_report: dict[str, Any] | None = None
         self.last_step = 0
         self.closed = False
+        if inherited:
+            self._inherit(inherited)
 
-    def _sink_call(self, sink: Any, method: str, arg: Any) -> None:
-        fn = getattr(sink, method, None)
-        if fn is None:
-            return
-        try:
-            fn(arg)
-        except Exception as exc:
-            self.sinks = [s for s in self.sinks if s is not sink]
-            self.on_error(f"alerts to {sink.name}", exc)
+    @property
+    def webhook(self) -> Sender | None:
+        """The first destination's sender (kept for callers that had one)."""
+        return self.routes[0][0] if self.routes else None
+
+    @property
+    def sinks(self) -> list[Any]:
+        return self.trackers.sinks if self.trackers is not None else []
+
+    # -- per step -------------------------------------------------------------------------
 
     def on_step(self, step: int, states: Mapping[str, str], findings: Sequence[Any], recs: Sequence[Mapping[str, Any]] = ()) -> None:
         self.last_step = int(step)
-        self._report_webhook_errors()
+        self._report_trouble()
         fds = [as_dict(f) for f in findings]
         self.recs.extend(dict(r) for r in recs)
         events = self.episodes.step(step, states, fds)
         if not events:
             return
-        for kind, f in events:
+        for e in events:
+            f = e.finding
             key = (f["detector"], f.get("onset_step"))
-            if kind == "finding":
+            if e.kind == "finding":
                 self.findings.append(f)
                 self.status[key] = "open"
-                message = finding_message(f, recommendation_for(f, self.recs), self.run_id, self.run_dir)
-                to_webhook = RANK[f["severity"]] >= self.min_rank
-                if to_webhook:
-                    self._webhooked.add(f["detector"])
+                message = finding_message(f, recommendation_for(f, self.recs), self.run, e.opened_at)
+                self._to_trackers(message)
+                self._announce(message, f, step)
             else:
                 self.status[key] = "resolved"
-                message = resolved_message(f, step, self.run_id, self.run_dir)
-                to_webhook = f["detector"] in self._webhooked
-                self._webhooked.discard(f["detector"])
-            for sink in list(self.sinks):
-                self._sink_call(sink, "event", message)
-            if to_webhook and self.webhook is not None:
-                self.webhook.submit(message)
+                message = resolved_message(f, step, self.run, e.opened_at, e.inherited)
+                self._to_trackers(message)
+                self._resolve(message, f["detector"], step)
         self._summary(final=False)
 
-    def _summary(self, final: bool) -> None:
-        if not self.sinks:
+    def _to_trackers(self, message: Mapping[str, Any]) -> None:
+        if self.trackers is not None:
+            self.trackers.event(message)
+
+    def _announce(self, m: dict[str, Any], f: Mapping[str, Any], step: int) -> None:
+        det, rank = f["detector"], RANK[f["severity"]]
+        routes = [(i, s) for i, (s, min_rank) in enumerate(self.routes) if rank >= min_rank]
+        if not routes:
             return
-        state = SummaryState(self.last_step, verdict_of(self.findings), self.findings, self.recs, self.status, final)
-        for sink in list(self.sinks):
-            self._sink_call(sink, "summary", state)
+        if self.max_per_run is not None and self._announced >= self.max_per_run:
+            self.not_sent["over_the_cap"] += 1
+            return
+        last = self._last_said.get(det)
+        if rank < RANK["critical"] and self.cooldown_steps and last is not None and step - last < self.cooldown_steps:
+            self.not_sent["in_the_cooldown"] += 1  # a critical always goes out
+            return
+        self._announced += 1
+        self._last_said[det] = step
+        for i, sender in routes:
+            if sender.submit(m):
+                self._episode_keys[i].setdefault(det, []).append(m["idempotency_key"])
+
+    def _resolve(self, m: dict[str, Any], det: str, step: int) -> None:
+        for i, (sender, _) in enumerate(self.routes):
+            keys = self._episode_keys[i].pop(det, None)
+            if not keys:
+                continue  # this destination never had the episode's opening
+            if all(sender.fate(k) in LOST for k in keys):
+                self.not_sent["resolution_of_an_unsent_opening"] += 1
+                continue
+            sender.submit(m)
+            self._last_said[det] = step
+
+    def _life(self, m: dict[str, Any]) -> None:
+        if m["event"] != "end":
+            self._to_trackers(m)
+        for sender, _ in self.routes:
+            sender.submit(m, urgent=True)
+
+    def _summary(self, final: bool, delivery: Mapping[str, Any] | None = None) -> None:
+        if self.trackers is not None:
+            self.trackers.summary(SummaryState(self.last_step, verdict_of(self.findings), self.findings, self.recs,
+                                               self.status, final, delivery))
 
     @property
     def verdict(self) -> str:
         return verdict_of(self.findings)
 
-    def finish(self, step: int | None = None) -> None:
-        """The final summary, written while the integrations still have their runs open."""
+    # -- the run's life ---------------------------------------------------------------------
+
+    def restart(self, plan: Mapping[str, Any]) -> None:
+        """The monitor stopped the run to restart it: say so, and leave the open episodes to the next segment."""
+        self.restarted = dict(plan)
+        self._life(restart_message(plan, self.run))
+        overrides = ", ".join(f"{k}={v!r}" for k, v in (plan.get("config_overrides") or {}).items())
+        state = {
+            "lineage": self.run.lineage,
+            "segment": self.run.segment + 1,
+            "how": f"{plan.get('variant')}" + (f": {overrides}" if overrides else ""),
+            "episodes": self.episodes.state(),
+            # which destination had each open episode's opening, by a name that does not hold the URL
+            "announced": {s.destination.secret_id: sorted(self._episode_keys[i]) for i, (s, _) in enumerate(self.routes)
+                          if hasattr(s.destination, "secret_id")},
+        }
+        if self.run.run_dir:
+            target = Path(self.run.run_dir) / STATE_FILE
+            tmp = target.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(state, default=str))
+            os.replace(tmp, target)
+
+    def _inherit(self, state: Mapping[str, Any]) -> None:
+        origin = {"segment": state.get("segment"), "how": state.get("how"), "lineage": state.get("lineage")}
+        for ep in state.get("episodes") or []:
+            self.episodes.inherit(ep["finding"], ep["opened_at"], ep.get("origin") or origin)
+        announced = state.get("announced") or {}
+        for i, (s, _) in enumerate(self.routes):
+            for det in announced.get(getattr(s.destination, "secret_id", None), []):
+                if det in self.episodes.open:
+                    self._episode_keys[i][det] = [f"inherited:{det}"]
+
+    def finish(self, step: int | None = None) -> dict[str, Any] | None:
+        """At the trainer's final log, while every integration still has its run open: the end
+        message (unless the run stopped for a restart, which said so), the flush, the final summary
+        with the delivery counts. Returns those counts (for the run log's summary record)."""
         if step is not None:
             self.last_step = int(step)
-        self._summary(final=True)
+        if self.delivery_report is None and not self.closed:
+            if self.restarted is None:
+                for e in self.episodes.resolve_inherited():
+                    m = resolved_message(e.finding, self.last_step, self.run, e.opened_at,
+                                         {**(e.inherited or {}), "end": True})
+                    self._to_trackers(m)
+                    self._resolve(m, e.finding["detector"], self.last_step)
+                self._life(end_message(self.last_step, self.run, self.verdict, self.findings, self.episodes.open_list(),
+                                       self.max_steps))
+            self._wrap_up()
+        return self.delivery_report if self.routes else None
 
-    def _report_webhook_errors(self) -> None:
-        if self.webhook is None:
+    def crash(self, exc: BaseException, step: int | None = None) -> None:
+        """The training raised: say where and what, then flush and account as at the end."""
+        if self.delivery_report is not None or self.closed:
             return
-        for text in self.webhook.take_errors()[:1]:
-            self.on_error("alerts webhook", RuntimeError(text))
+        if step is not None:
+            self.last_step = int(step)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        error = f"{type(exc).__name__}: {first}"[:500] if first else type(exc).__name__
+        for s, _ in self.routes:
+            error = s.destination.scrub(error)
+        self._life(crash_message(error, self.last_step, self.run, self.episodes.open_list(),
+                                 interrupted=isinstance(exc, KeyboardInterrupt)))
+        self._wrap_up()
+
+    def _wrap_up(self) -> None:
+        """Flush every destination by one deadline, then the trackers' final summary: the end of
+        training waits at most ``flush_timeout`` in all."""
+        start = time.monotonic()
+        deadline = start + self.flush_timeout
+        # The trackers' final write gets the last fifth of the flush time (a second at most).
+        reserve = min(1.0, self.flush_timeout / 5) if self.trackers is not None else 0.0
+        for sender, _ in self.routes:
+            sender.close(deadline - reserve)
+        self.delivery_report = self.delivery()
+        self._summary(final=True, delivery=self.delivery_report if self.routes else None)
+        if self.trackers is not None:
+            self.trackers.drain(deadline)
+        self._report_trouble()
+        self._account()
+
+    def delivery(self) -> dict[str, Any]:
+        """What became of the messages: per destination, and those the cap or cooldown held back."""
+        return {"destinations": [{"destination": s.name, **s.counts()} for s, _ in self.routes],
+                "not_sent": dict(self.not_sent)}
+
+    def _account(self) -> None:
+        """The counts as a note in the run log, and any loss in one warning line."""
+        if not self.routes:
+            return
+        report = self.delivery_report or self.delivery()
+        parts, trouble = [], False
+        for d in report["destinations"]:
+            bad = d["lost"] + d["unconfirmed"]
+            trouble = trouble or bad > 0
+            text = f"{d['destination']}: {d['messages']} message(s), {d['delivered']} delivered"
+            if d["unconfirmed"]:
+                text += f", {d['unconfirmed']} sent without an answer (not sent again: arrived once or not at all)"
+            if d["lost"]:
+                why = ", ".join(f"{d[k]} {k.replace('_', ' ')}" for k in (FAILED, RATE_LIMITED, QUEUE_FULL, UNSENT) if d[k])
+                text += f", {d['lost']} lost ({why})"
+            if d["skipped"]:
+                text += f", {d['skipped']} not for this format"
+            parts.append(text)
+        held = {k: v for k, v in report["not_sent"].items() if v}
+        if held:
+            parts.append("held back on purpose: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in held.items()))
+        line = "alerts: " + "; ".join(parts)
+        if self.note is not None:
+            try:
+                self.note({"type": "note", "step": self.last_step, "level": "warning" if trouble else "info",
+                           "message": line, "alerts": report})
+            except Exception as exc:
+                self.on_error("alerts", exc)
+        if trouble:
+            logger.warning("grpo-monitor: %s; every finding is in the run log", line)
+
+    def _report_trouble(self) -> None:
+        """A destination's first trouble as a note (the count comes at the end); a failing tracker
+        through ``on_error`` (one line, and it is dropped)."""
+        for sender, _ in self.routes:
+            for text in sender.take_errors():
+                if sender.name in self._troubled:
+                    continue
+                self._troubled.add(sender.name)
+                logger.info("grpo-monitor: alerts to %s: %s; training continues, the count comes at the end", sender.name, text)
+                if self.note is not None:
+                    try:
+                        self.note({"type": "note", "step": self.last_step, "level": "warning",
+                                   "message": f"alerts to {sender.name}: {text}"})
+                    except Exception as exc:
+                        self.on_error("alerts", exc)
+        if self.trackers is not None:
+            for component, exc in self.trackers.take_errors():
+                self.on_error(component, exc)
 
     def close(self) -> None:
         if self.closed:
             return
+        if self.delivery_report is None:
+            self._wrap_up()
         self.closed = True
-        if self.webhook is not None:
-            self.webhook.close(self.flush_timeout)
-            self._report_webhook_errors()
-        for sink in self.sinks:
-            close = getattr(sink, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception as exc:
-                    self.on_error(f"alerts to {sink.name}", exc)
+        if self.trackers is not None:
+            for component, exc in self.trackers.close(time.monotonic() + 1.0):
+                self.on_error(component, exc)
 
 
 def _log_error(component: str, exc: BaseException) -> None:
     logger.warning("grpo-monitor: %s failed (%s: %s); training continues", component, type(exc).__name__, exc)
 
 
+def read_state(lineage_root: Any, segment: int) -> dict[str, Any] | None:
+    """The open episodes the previous segment of a lineage handed over, if it left any."""
+    if not segment or lineage_root is None:
+        return None
+    from grpo_monitor.core.restart import segment_dir
+
+    path = segment_dir(lineage_root, segment - 1) / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
 def build_dispatcher(trainer: Any, run_dir: Any, run_id: str | None, options: Any,
-                     on_error: Callable[[str, BaseException], None] | None = None) -> AlertDispatcher | None:
+                     on_error: Callable[[str, BaseException], None] | None = None, *,
+                     note: Callable[[dict[str, Any]], None] | None = None, segment: int = 0,
+                     lineage_root: Any = None) -> AlertDispatcher | None:
     """The dispatcher for this trainer and ``attach`` options; None when nothing would receive alerts."""
     on_error = on_error or _log_error
     opts = AlertOptions.of(options)
@@ -170,15 +501,46 @@ def build_dispatcher(trainer: Any, run_dir: Any, run_id: str | None, options: An
         wanted = [opts.trackers] if isinstance(opts.trackers, str) else list(opts.trackers)
         names = [n for n in reported_trackers(trainer) if n in wanted]
     sinks = build_sinks(trainer, names, on_error)
-    webhook = None
-    if opts.url:
-        try:
-            webhook = WebhookSender(opts.url, opts.format, per_minute=opts.per_minute, burst=opts.burst,
-                                    timeout=opts.timeout, retries=opts.retries)
-        except Exception as exc:
-            on_error("alerts webhook", RuntimeError(scrub(str(exc), opts.url)))
-    if not sinks and webhook is None:
+    if not sinks and not opts.routes:
         return None
-    return AlertDispatcher(sinks, webhook, min_severity=opts.min_severity, run_id=run_id,
-                           run_dir=str(run_dir) if run_dir is not None else None,
-                           flush_timeout=opts.flush_timeout, on_error=on_error)
+    senders = [(Sender(r.destination, per_minute=r.per_minute, burst=r.burst),
+                "critical" if r.min_rank == RANK["critical"] else "warning") for r in opts.routes]
+    max_steps = getattr(getattr(trainer, "args", None), "max_steps", None)
+    return AlertDispatcher(sinks, senders, min_severity=opts.min_severity, run_id=run_id,
+                           run_dir=str(run_dir) if run_dir is not None else None, flush_timeout=opts.flush_timeout,
+                           on_error=on_error, note=note, max_per_run=opts.max_per_run,
+                           cooldown_steps=opts.cooldown_steps, segment=segment,
+                           inherited=read_state(lineage_root, segment),
+                           max_steps=max_steps if isinstance(max_steps, int) and max_steps > 0 else None)
+
+
+def watch_training(trainer: Any, dispatcher: Callable[[], AlertDispatcher | None]) -> None:
+    """Wrap ``trainer.train`` so that an exception escaping it (a reward function that raises, an
+    out-of-memory error, Ctrl-C) is said by the alerts, flushed and counted, then raised unchanged."""
+    train = trainer.train
+    if getattr(train, "__grpo_monitor_alerts__", False):
+        return
+
+    @functools.wraps(train)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return train(*args, **kwargs)
+        except (Exception, KeyboardInterrupt) as exc:
+            d = dispatcher()
+            if d is not None:
+                try:
+                    d.crash(exc, int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0))
+                except Exception as inner:  # the training's own exception is what the caller must see
+                    _log_error("alerts", inner)
+            raise
+
+    wrapped.__grpo_monitor_alerts__ = True  # type: ignore[attr-defined]
+    trainer.train = wrapped
+
+
+def describe(options: Any) -> list[str]:
+    """The destinations of ``options``, masked (for a line saying where alerts go)."""
+    return [r.name for r in AlertOptions.of(options).routes]
+
+
+__all__ = ["OPTION_KEYS", "AlertDispatcher", "AlertOptions", "build_dispatcher", "describe", "mask_url", "watch_training"]

@@ -4,14 +4,20 @@ Each sink writes into the run the trainer's own integration opened (never a seco
 built only for the integrations in ``args.report_to``. The tracker library is imported here, on
 first use: a tracker that is missing or raises costs its sink only (the dispatcher isolates it).
 
-Every sink has two calls: ``event(message)`` for a finding or a resolved episode, and
-``summary(state)`` with the run's verdict, its findings and recommendations so far (after each
-finding, and once more at the trainer's final log, while every integration still has its run open).
+Every sink has two calls: ``event(message)`` for a finding, a resolved episode, a restart or a
+crash, and ``summary(state)`` with the run's verdict, its findings and recommendations so far
+(after each finding, and once more at the trainer's final log, while every integration still has
+its run open). A tracker's library can take tens of milliseconds for one call (W&B building a
+table, MLflow writing files), so the calls are made by ``TrackerWorker`` on a thread of its own:
+the training thread only hands them over.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -44,8 +50,11 @@ class SummaryState:
     """What a summary call hands each sink."""
 
     def __init__(self, step: int, verdict: str, findings: Sequence[Mapping[str, Any]], recs: Sequence[Mapping[str, Any]],
-                 status: Mapping[tuple[str, Any], str], final: bool) -> None:
-        self.step, self.verdict, self.findings, self.recs, self.status, self.final = step, verdict, findings, recs, status, final
+                 status: Mapping[tuple[str, Any], str], final: bool, delivery: Mapping[str, Any] | None = None) -> None:
+        # Copies: the training thread goes on changing its own lists while a sink writes these.
+        self.step, self.verdict, self.final = step, verdict, final
+        self.findings, self.recs, self.status = [dict(f) for f in findings], [dict(r) for r in recs], dict(status)
+        self.delivery = dict(delivery) if delivery else None
 
     def finding_rows(self) -> list[list[Any]]:
         recs = {(r.get("detector"), r.get("step")): r for r in self.recs}
@@ -70,6 +79,10 @@ class SummaryState:
             out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in self.finding_rows()]
         else:
             out.append("No warning or critical finding.")
+        totals = self.delivery_totals()
+        if totals:
+            out += ["", f"Alerts: {totals['messages']} message(s), {totals['delivered']} delivered, "
+                        f"{totals['unconfirmed']} sent without an answer, {totals['lost']} lost"]
         if self.recs:
             out += ["", "**Recommendations**", ""]
             out += [f"- **{r.get('variant')}** (from {r.get('detector')} at step {r.get('step')}): `{r.get('python')}` — "
@@ -77,8 +90,18 @@ class SummaryState:
         return "\n".join(out)
 
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "step": self.step, "final": self.final,
-                "findings": [dict(f) for f in self.findings], "recommendations": [dict(r) for r in self.recs]}
+        out = {"verdict": self.verdict, "step": self.step, "final": self.final,
+               "findings": [dict(f) for f in self.findings], "recommendations": [dict(r) for r in self.recs]}
+        if self.delivery is not None:
+            out["alerts_delivery"] = self.delivery
+        return out
+
+    def delivery_totals(self) -> dict[str, int]:
+        """Over every destination: messages, delivered, unconfirmed, lost (empty without any)."""
+        if not self.delivery:
+            return {}
+        keys = ("messages", "delivered", "unconfirmed", "lost")
+        return {k: sum(int(d.get(k, 0)) for d in self.delivery.get("destinations", [])) for k in keys}
 
 
 def _md_cell(v: Any) -> str:
@@ -114,7 +137,8 @@ class WandbSink:
         if len(data) > 1:
             self.run.log(data)
         self.run.summary.update({"grpo_monitor/verdict": s.verdict, "grpo_monitor/findings_count": len(s.findings),
-                                 "grpo_monitor/recommended": ", ".join(r.get("variant") or "" for r in s.recs)})
+                                 "grpo_monitor/recommended": ", ".join(r.get("variant") or "" for r in s.recs),
+                                 **{f"grpo_monitor/alerts_{k}": v for k, v in s.delivery_totals().items()}})
 
 
 class TrackioSink:
@@ -175,10 +199,11 @@ class TensorBoardSink:
         return self._own
 
     def event(self, m: Mapping[str, Any]) -> None:
-        if m["event"] == "resolved":
+        # Findings are written with their step's scalars by the callback; the rest of the story here.
+        if m["event"] in ("resolved", "restart", "crash"):
             writer = self._writer()
             if writer is not None:
-                writer.add_text("grpo_monitor/alerts", f"**{m['title']}**\n\n{m['text']}", m.get("resolved_step") or 0)
+                writer.add_text("grpo_monitor/alerts", f"**{m['title']}**\n\n{m['text']}", m.get("step") or 0)
                 writer.flush()
 
     def summary(self, s: SummaryState) -> None:
@@ -190,6 +215,9 @@ class TensorBoardSink:
             writer.add_text("grpo_monitor/recommendations", "\n".join(
                 f"- **{r.get('variant')}**: `{r.get('python')}` — `{r.get('cli_flags')}`" for r in s.recs), s.step)
         writer.add_text("grpo_monitor/verdict", s.verdict, s.step)
+        totals = s.delivery_totals()
+        if totals:
+            writer.add_text("grpo_monitor/alerts_delivery", json.dumps(totals), s.step)
         writer.flush()
 
     def close(self) -> None:
@@ -198,8 +226,11 @@ class TensorBoardSink:
 
 
 class MlflowSink:
-    """Findings as tags of the trainer's active MLflow run (``grpo_monitor.<detector>.<warning|critical|resolved>``,
-    ``grpo_monitor.verdict``) and ``grpo_monitor/findings.json`` / ``findings.md`` artifacts."""
+    """Findings as tags of the trainer's active MLflow run, one set per episode
+    (``grpo_monitor.<detector>.<step it opened>.<warning|critical|resolved>``) beside the detector's
+    current ``grpo_monitor.<detector>.state``, a restart or a crash as ``grpo_monitor.restart`` /
+    ``grpo_monitor.crash``, the verdict as ``grpo_monitor.verdict``, and ``grpo_monitor/findings.json``
+    / ``findings.md`` artifacts."""
 
     name = "mlflow"
 
@@ -214,20 +245,30 @@ class MlflowSink:
         self.client = mlflow.MlflowClient(tracking_uri=mlflow.get_tracking_uri())
 
     def event(self, m: Mapping[str, Any]) -> None:
+        if m["event"] in ("restart", "crash"):
+            self.client.set_tag(self.run_id, f"grpo_monitor.{m['event']}", f"{m['title']}: {m['text']}"[:5000])
+            return
         f = m["finding"] or {}
+        det = f.get("detector")
+        opened = (m.get("episode") or {}).get("opened_at", f.get("step"))
         if m["event"] == "resolved":
-            key, value = "resolved", f"step {m.get('resolved_step')} (the episode reached {f.get('severity')} at step {f.get('step')})"
+            stage, value = "resolved", f"step {m.get('resolved_step')} (the episode reached {f.get('severity')} at step {f.get('step')})"
+            state = f"resolved at step {m.get('resolved_step')}"
         else:
             onset = f" (onset ~{f['onset_step']})" if f.get("onset_step") is not None else ""
-            key, value = f["severity"], f"step {f.get('step')}{onset}: {f.get('message', '')}"
-        # One tag per detector and stage (warning, critical, resolved); the latest episode's wins.
-        self.client.set_tag(self.run_id, f"grpo_monitor.{f.get('detector')}.{key}", value[:5000])
+            stage, value = f["severity"], f"step {f.get('step')}{onset}: {f.get('message', '')}"
+            state = f"{f['severity']} since step {opened}"
+        # Each episode under its own opening step: a reopened detector never overwrites the one before.
+        self.client.set_tag(self.run_id, f"grpo_monitor.{det}.{opened}.{stage}", value[:5000])
+        self.client.set_tag(self.run_id, f"grpo_monitor.{det}.state", state)
 
     def summary(self, s: SummaryState) -> None:
         self.client.set_tag(self.run_id, "grpo_monitor.verdict", s.verdict)
         self.client.set_tag(self.run_id, "grpo_monitor.findings_count", str(len(s.findings)))
         if s.recs:
             self.client.set_tag(self.run_id, "grpo_monitor.recommended", ", ".join(r.get("variant") or "" for r in s.recs))
+        for k, v in s.delivery_totals().items():
+            self.client.set_tag(self.run_id, f"grpo_monitor.alerts_{k}", str(v))
         self.client.log_text(self.run_id, json.dumps(s.to_json(), indent=1, default=str), "grpo_monitor/findings.json")
         self.client.log_text(self.run_id, s.markdown(), "grpo_monitor/findings.md")
 
@@ -236,9 +277,11 @@ SINKS = {"wandb": WandbSink, "trackio": TrackioSink, "tensorboard": TensorBoardS
 
 
 def _title(m: Mapping[str, Any]) -> str:
-    """A short title for tracker alerts: ``critical: entropy_collapse``."""
+    """A short title for tracker alerts: ``grpo-monitor critical: entropy_collapse``."""
     f = m.get("finding") or {}
-    return f"grpo-monitor {m['level']}: {f.get('detector', '')}"
+    if m["event"] in ("finding", "resolved"):
+        return f"grpo-monitor {m['level']}: {f.get('detector', '')}"
+    return str(m["title"])
 
 
 def build_sinks(trainer: Any, names: Iterable[str], on_error: Any) -> list[Any]:
@@ -249,3 +292,79 @@ def build_sinks(trainer: Any, names: Iterable[str], on_error: Any) -> list[Any]:
         except Exception as exc:
             on_error(f"alerts to {name}", exc)
     return sinks
+
+
+class TrackerWorker:
+    """Makes the sinks' calls on a daemon thread, in the order they were handed over; of the summaries
+    only the latest is written (each one holds everything before it). A sink that raises is dropped
+    and its error kept for the training thread (``take_errors``)."""
+
+    def __init__(self, sinks: Sequence[Any]) -> None:
+        self.sinks = list(sinks)
+        self._events: deque[Mapping[str, Any]] = deque()
+        self._summary: SummaryState | None = None
+        self._busy = False
+        self._errors: list[tuple[str, BaseException]] = []
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="grpo-monitor-trackers", daemon=True)
+        self._thread.start()
+
+    def event(self, m: Mapping[str, Any]) -> None:
+        with self._cv:
+            self._events.append(m)
+            self._cv.notify()
+
+    def summary(self, state: SummaryState) -> None:
+        with self._cv:
+            self._summary = state
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._events and self._summary is None:
+                    self._busy = False
+                    self._cv.notify_all()
+                    self._cv.wait()
+                self._busy = True
+                if self._events:
+                    method, arg = "event", self._events.popleft()
+                else:
+                    method, arg, self._summary = "summary", self._summary, None
+            for sink in list(self.sinks):
+                fn = getattr(sink, method, None)
+                if fn is None:
+                    continue
+                try:
+                    fn(arg)
+                except Exception as exc:
+                    with self._cv:
+                        self.sinks = [s for s in self.sinks if s is not sink]
+                        self._errors.append((f"alerts to {sink.name}", exc))
+
+    def drain(self, deadline: float) -> bool:
+        """Wait until every call handed over is made, or ``deadline`` (``time.monotonic()``)."""
+        with self._cv:
+            while self._events or self._summary is not None or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def take_errors(self) -> list[tuple[str, BaseException]]:
+        with self._cv:
+            out, self._errors = self._errors, []
+        return out
+
+    def close(self, deadline: float) -> list[tuple[str, BaseException]]:
+        """Drain, then let each sink close what it opened; the errors not yet taken."""
+        self.drain(deadline)
+        for sink in list(self.sinks):
+            close = getattr(sink, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:
+                    self._errors.append((f"alerts to {sink.name}", exc))
+        return self.take_errors()

@@ -1,40 +1,49 @@
-"""Chat and webhook delivery: Slack, Discord or a generic JSON payload, posted from a daemon thread.
+"""Webhooks: Slack, Discord, Microsoft Teams, PagerDuty or any JSON endpoint, over HTTP(S).
 
-The training thread only formats a message and puts it on a bounded queue; a full queue or the
-rate limit drops the message (counted, and said in the next message that goes out), so the loop
-never waits on the network. The URL is a secret: it is kept on the sender only, and every error
-text that leaves this module has it masked.
+A POST is tried again only while the server has not taken it: a connection that failed, a request
+that did not get through whole, or an answer saying it was not acted on (408, 425, 429, 5xx).
+Once the whole request is sent and no answer comes within the time-out, the server may well have
+acted on it, and a chat webhook has no way to tell a second copy from a new message: such a
+message is counted ``unconfirmed`` and not sent again. Where the protocol de-duplicates
+(PagerDuty's ``dedup_key``, or an endpoint declared ``idempotent`` that honours the
+``Idempotency-Key`` header every request carries), it is tried again.
+
+The URL and the headers are secrets: they stay on the destination, and every text that leaves
+this module has them masked.
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
-import logging
 import math
-import queue
 import re
-import threading
+import ssl
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-logger = logging.getLogger("grpo_monitor")
+from grpo_monitor.alerts.delivery import DELIVERED, FAILED, UNCONFIRMED, Outcome, Sender
+from grpo_monitor.alerts.formats import FORMATS, check_template, render
 
-FORMATS = ("slack", "discord", "generic")
 ENV_URL = "GRPO_MONITOR_WEBHOOK_URL"
 ENV_FORMAT = "GRPO_MONITOR_WEBHOOK_FORMAT"
+ENV_ROUTING_KEY = "GRPO_MONITOR_PAGERDUTY_ROUTING_KEY"
 # Slack and Discord webhook paths; recognised on any host, so a proxy or a local relay keeps the format.
 _SLACK_PATH = re.compile(r"^/services/[^/]+/[^/]+/[^/]+")
 _DISCORD_PATH = re.compile(r"^/api(/v\d+)?/webhooks/\d+/[^/]+")
-COLORS = {"critical": 0xE01E5A, "warning": 0xECB22E, "resolved": 0x2EB67D, "healthy": 0x2EB67D, "info": 0x439FE0}
-ICONS = {"critical": "🚨", "warning": "⚠️", "resolved": "✅", "healthy": "✅", "info": "ℹ️"}
+# Answers that say the server did not act on the request: safe to send it again.
+RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+__all__ = ["ENV_FORMAT", "ENV_URL", "FORMATS", "WebhookDestination", "WebhookSender", "check_url", "detect_format",
+           "mask_url", "post_json", "scrub"]
 
 
 def mask_url(url: str) -> str:
-    """Scheme and host only: webhook tokens live in the path and query."""
+    """Scheme and host only: webhook tokens live in the path, the query and the user part."""
     try:
         parts = urlsplit(url)
         host = parts.hostname or "?"
@@ -45,18 +54,26 @@ def mask_url(url: str) -> str:
         return "<webhook URL>"
 
 
-def scrub(text: str, url: str) -> str:
-    """``text`` with the URL and each of its secret parts replaced by the masked form."""
-    masked = mask_url(url)
-    out = text.replace(url, masked)
+def url_secrets(url: str) -> list[str]:
     try:
         parts = urlsplit(url)
-        for secret in (parts.path + ("?" + parts.query if parts.query else ""), parts.path, parts.query,
-                       parts.password or "", parts.username or ""):
-            if len(secret) > 1:
-                out = out.replace(secret, "/***")
     except Exception:
-        pass
+        return [url]
+    found = [parts.path + ("?" + parts.query if parts.query else ""), parts.path, parts.query,
+             parts.password or "", parts.username or ""]
+    return [s for s in found if len(s) > 1]
+
+
+def scrub(text: str, url: str | None, *secrets: str) -> str:
+    """``text`` with the URL, each of its secret parts and each of ``secrets`` masked."""
+    out = text
+    if url:
+        out = out.replace(url, mask_url(url))
+        for part in url_secrets(url):
+            out = out.replace(part, "/***")
+    for secret in secrets:
+        if secret and len(secret) > 1:
+            out = out.replace(secret, "***")
     return out
 
 
@@ -71,70 +88,43 @@ def detect_format(url: str, explicit: str | None = None) -> str:
         return "slack"
     if host.endswith(("discord.com", "discordapp.com")) or _DISCORD_PATH.match(parts.path):
         return "discord"
+    if host.endswith((".webhook.office.com", ".logic.azure.com", ".powerplatform.com")):
+        return "teams"
+    if host == "events.pagerduty.com" or host.endswith(".events.pagerduty.com"):
+        return "pagerduty"
     return "generic"
 
 
 def check_url(url: Any) -> str:
-    if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+    ok = False
+    if isinstance(url, str):
+        try:
+            parts = urlsplit(url)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
+        except ValueError:  # a port that is not a number
+            ok = False
+    if not ok:
         shown = mask_url(url) if isinstance(url, str) else type(url).__name__
         raise ValueError(f"the alerts webhook must be an http(s) URL, got {shown}")
     return url
 
 
-# -- payloads ------------------------------------------------------------------------------
+def check_headers(headers: Any) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise ValueError(f"alerts_headers must be a dict of header names to values, got {type(headers).__name__}")
+    out = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            raise ValueError(f"alerts_headers: {name!r} is not an HTTP header name")
+        if not isinstance(value, str) or "\r" in value or "\n" in value:
+            raise ValueError(f"alerts_headers: the value of {name} must be a one-line string")
+        out[name] = value
+    return out
 
 
-def _cut(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def payload(message: Mapping[str, Any], fmt: str) -> dict[str, Any]:
-    """The JSON body for one message (see ``monitor.alerts.events.Message.to_dict``)."""
-    if fmt == "slack":
-        return _slack(message)
-    if fmt == "discord":
-        return _discord(message)
-    return {"source": "grpo-monitor", **message}
-
-
-def _slack(m: Mapping[str, Any]) -> dict[str, Any]:
-    level = m["level"]
-    head = f"{ICONS.get(level, '')} *{m['title']}*"
-    blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": _cut(head, 3000)}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": _cut(m["text"], 3000)}},
-    ]
-    rec = m.get("recommendation")
-    if rec and rec.get("python"):
-        blocks.append({"type": "section", "text": {"type": "mrkdwn",
-                       "text": _cut(f"Recommended *{rec['variant']}*: `{rec['python']}`\nTRL flags: `{rec.get('cli_flags', '')}`", 3000)}})
-    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": _cut(_footer(m), 3000)}]})
-    return {"text": _cut(f"{m['title']}: {m['text']}", 3000), "blocks": blocks}
-
-
-def _discord(m: Mapping[str, Any]) -> dict[str, Any]:
-    level = m["level"]
-    fields = []
-    rec = m.get("recommendation")
-    if rec and rec.get("python"):
-        fields.append({"name": f"Recommended: {rec['variant']}", "value": _cut(f"`{rec['python']}`", 1024), "inline": False})
-        fields.append({"name": "TRL flags", "value": _cut(f"`{rec.get('cli_flags', '')}`", 1024), "inline": False})
-    embed = {
-        "title": _cut(f"{ICONS.get(level, '')} {m['title']}", 256),
-        "description": _cut(m["text"], 3500),
-        "color": COLORS.get(level, 0),
-        "fields": fields,
-        "footer": {"text": _cut(_footer(m), 1024)},
-    }
-    return {"username": "grpo-monitor", "embeds": [embed]}
-
-
-def _footer(m: Mapping[str, Any]) -> str:
-    bits = [f"run {m['run_id']}" if m.get("run_id") else None, m.get("run_dir")]
-    return " · ".join(b for b in bits if b)
-
-
-# -- delivery -------------------------------------------------------------------------------
+# -- sending ----------------------------------------------------------------------------------
 
 
 def _strict(obj: Any) -> Any:
@@ -148,175 +138,143 @@ def _strict(obj: Any) -> Any:
     return obj
 
 
-class DeliveryError(Exception):
-    """A message that could not be delivered; its text never holds the URL."""
+class _NotTaken(Exception):
+    """The request never got through whole: the server cannot have acted on it."""
 
 
-def post_json(url: str, body: Mapping[str, Any], *, timeout: float = 5.0, retries: int = 3, backoff: float = 0.5,
-              max_backoff: float = 8.0, sleep: Callable[[float], None] = time.sleep) -> int:
-    """POST ``body``; retry connection failures, time-outs, 429 and 5xx with exponential back-off
-    (``Retry-After`` honoured up to ``max_backoff``). Returns the HTTP status; raises
-    ``DeliveryError`` (URL masked) when every try failed or the server refused the message."""
+class _NoAnswer(Exception):
+    """The whole request went out and no answer came: the server may have acted on it."""
+
+
+def _post_once(url: str, data: bytes, headers: Mapping[str, str], timeout: float) -> tuple[int, str | None, str]:
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=timeout, context=ssl.create_default_context())
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        try:
+            conn.connect()
+            conn.request("POST", target, body=data, headers=dict(headers))
+        except (OSError, http.client.HTTPException) as exc:
+            raise _NotTaken(f"{type(exc).__name__}: {exc}") from None
+        try:
+            resp = conn.getresponse()
+            resp.read(65536)
+        except (OSError, http.client.HTTPException) as exc:
+            raise _NoAnswer(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
+        return resp.status, resp.getheader("Retry-After"), resp.reason
+    finally:
+        conn.close()
+
+
+def post_json(url: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
+              timeout: float = 5.0, retries: int = 3, backoff: float = 0.5, max_backoff: float = 8.0,
+              idempotent: bool = False, deadline: float | None = None,
+              sleep: Callable[[float], None] = time.sleep) -> Outcome:
+    """POST ``body`` as JSON (with ``Idempotency-Key: key``); what became of it (the text masked).
+
+    Tries again, with exponential back-off (``Retry-After`` honoured up to ``max_backoff``), while
+    the server has not taken it (see the module's doc), up to ``retries`` times and never past
+    ``deadline`` (``time.monotonic()``)."""
     data = json.dumps(_strict(body), allow_nan=False, default=str).encode()
+    hdrs = {"Content-Type": "application/json", "User-Agent": "grpo-monitor"}
+    if key:
+        hdrs["Idempotency-Key"] = key
+    parts = urlsplit(url)
+    if parts.username is not None:
+        creds = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        hdrs["Authorization"] = "Basic " + base64.b64encode(creds).decode()
+    hdrs.update(headers or {})
+    secrets = [v for v in (headers or {}).values()]
+    where = mask_url(url)
     last = ""
     for attempt in range(retries + 1):
+        t = timeout if deadline is None else min(timeout, deadline - time.monotonic())
+        if t <= 0:
+            return Outcome(FAILED, f"{where}: the flush time ran out before it was taken ({last or 'not tried'})", attempt)
         delay = min(max_backoff, backoff * (2 ** attempt))
-        req = urllib.request.Request(url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json", "User-Agent": "grpo-monitor"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310  (http(s) checked in check_url)
-                resp.read(65536)
-                return int(resp.status)
-        except urllib.error.HTTPError as exc:
-            last = f"HTTP {exc.code} {exc.reason}"
-            if exc.code != 429 and exc.code < 500:
-                raise DeliveryError(f"{mask_url(url)} refused the message ({last})") from None
-            after = exc.headers.get("Retry-After") if exc.headers else None
+            status, after, reason = _post_once(url, data, hdrs, t)
+        except _NotTaken as exc:
+            last = scrub(str(exc), url, *secrets)
+        except _NoAnswer as exc:
+            last = scrub(str(exc), url, *secrets)
+            if not idempotent:
+                return Outcome(UNCONFIRMED, f"{where} took the message and gave no answer within {t:.3g} s ({last}); "
+                                            "not sent again, so it arrived once or not at all", attempt + 1)
+        else:
+            if 200 <= status < 300:
+                return Outcome(DELIVERED, f"HTTP {status}", attempt + 1)
+            last = f"HTTP {status} {reason}".strip()
+            if status not in RETRY_STATUS:
+                return Outcome(FAILED, f"{where} refused the message ({last})", attempt + 1)
             if after and after.strip().isdigit():
                 delay = min(max_backoff, float(after))
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            last = scrub(f"{type(reason).__name__}: {reason}", url)
         if attempt < retries:
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                return Outcome(FAILED, f"{where} did not take the message before the flush time ran out ({last})", attempt + 1)
             sleep(delay)
-    raise DeliveryError(f"{mask_url(url)} did not take the message after {retries + 1} tries ({last})")
+    return Outcome(FAILED, f"{where} did not take the message after {retries + 1} tries ({last})", retries + 1)
 
 
-class RateLimit:
-    """Token bucket: ``burst`` messages at once, then ``per_minute`` a minute."""
+class WebhookDestination:
+    """One webhook: its URL, format (or payload template), headers and mention."""
 
-    def __init__(self, per_minute: float = 20.0, burst: int = 5, clock: Callable[[], float] = time.monotonic) -> None:
-        if per_minute <= 0 or burst < 1:
-            raise ValueError(f"the alerts rate limit needs per_minute > 0 and burst >= 1, got {per_minute}, {burst}")
-        self.rate = per_minute / 60.0
-        self.burst = float(burst)
-        self.tokens = float(burst)
-        self.clock = clock
-        self.last = clock()
-        self.lock = threading.Lock()
+    kind = "webhook"
 
-    def _refill(self) -> None:
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-
-    def take(self) -> bool:
-        with self.lock:
-            self._refill()
-            if self.tokens >= 1.0:
-                self.tokens -= 1.0
-                return True
-            return False
-
-
-class WebhookSender:
-    """A daemon thread posting queued messages; ``submit`` never blocks."""
-
-    def __init__(self, url: str, fmt: str | None = None, *, queue_size: int = 64, per_minute: float = 20.0,
-                 burst: int = 5, timeout: float = 5.0, retries: int = 3, backoff: float = 0.5,
+    def __init__(self, url: str, fmt: str | None = None, *, headers: Mapping[str, str] | None = None,
+                 template: Any = None, mention: str | None = None, routing_key: str | None = None,
+                 idempotent: bool | None = None, timeout: float = 5.0, retries: int = 3, backoff: float = 0.5,
                  max_backoff: float = 8.0) -> None:
         self._url = check_url(url)
-        self.masked = mask_url(url)
         self.format = detect_format(url, fmt)
-        self.limit = RateLimit(per_minute, burst)
-        self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
-        self.sent = 0
-        self.dropped = 0  # held back by the rate limit or a full queue, not yet said
-        self.dropped_total = 0
-        self.errors: list[str] = []  # masked texts, collected by the caller's thread
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="grpo-monitor-alerts", daemon=True)
-        self._thread.start()
+        self._headers = check_headers(headers)
+        self.template = check_template(template)
+        if mention is not None and (not isinstance(mention, str) or not mention.strip()):
+            raise ValueError(f"alerts_mention must be a non-empty string such as '<!here>', got {mention!r}")
+        self.mention = mention
+        self._routing_key = routing_key
+        if self.format == "pagerduty" and template is None and not routing_key:
+            raise ValueError("a PagerDuty destination needs its integration's routing_key "
+                             "(the destination's 'routing_key', or $GRPO_MONITOR_PAGERDUTY_ROUTING_KEY)")
+        # PagerDuty drops a repeated event by its dedup_key: trying again after a time-out is safe there.
+        self.idempotent = bool(self.format == "pagerduty" and template is None) if idempotent is None else bool(idempotent)
+        if not timeout > 0 or retries < 0:
+            raise ValueError(f"alerts_timeout must be > 0 and alerts_retries >= 0, got {timeout}, {retries}")
+        self.timeout, self.retries, self.backoff, self.max_backoff = float(timeout), int(retries), backoff, max_backoff
+        self.name = f"webhook {mask_url(url)}"
 
     def __repr__(self) -> str:  # never the URL
-        return f"WebhookSender({self.masked}, format={self.format})"
+        return f"WebhookDestination({mask_url(self._url)}, format={self.format})"
 
-    def submit(self, message: Mapping[str, Any]) -> bool:
-        """Queue one message; False when the rate limit or a full queue dropped it."""
-        if self._stopping.is_set() or not self.limit.take():
-            self._drop()
-            return False
-        try:
-            self._queue.put_nowait(dict(message))
-            return True
-        except queue.Full:
-            self._drop()
-            return False
+    @property
+    def secret_id(self) -> str:
+        """Names this destination across segments of a lineage without saying its URL."""
+        from grpo_monitor.alerts.events import message_key
 
-    def _drop(self) -> None:
-        with self._lock:
-            self.dropped += 1
-            self.dropped_total += 1
+        return message_key("webhook", self._url)
 
-    def take_errors(self) -> list[str]:
-        with self._lock:
-            out, self.errors = self.errors, []
-        return out
+    def scrub(self, text: str) -> str:
+        return scrub(text, self._url, *self._headers.values(), *([self._routing_key] if self._routing_key else []))
 
-    def _run(self) -> None:
-        last: dict[str, Any] | None = None
-        while True:
-            try:
-                item = self._queue.get(timeout=0.25)
-            except queue.Empty:
-                item = None
-            if item is None:
-                if self._stopping.is_set() and self._queue.empty():
-                    return
-                with self._lock:
-                    held = self.dropped
-                if held and last is not None and self.limit.take():
-                    self._deliver(held_back_notice(last, held))
-                    with self._lock:
-                        self.dropped -= held
-                continue
-            last = item
-            self._deliver(item)
-            self._queue.task_done()
+    def render(self, message: Mapping[str, Any]) -> Any:
+        return render(message, self.format, mention=self.mention, template=self.template, routing_key=self._routing_key)
 
-    def _deliver(self, message: Mapping[str, Any]) -> None:
-        try:
-            post_json(self._url, payload(message, self.format), timeout=self.timeout, retries=self.retries,
-                      backoff=self.backoff, max_backoff=self.max_backoff)
-            with self._lock:
-                self.sent += 1
-        except Exception as exc:  # a worker thread has nobody to raise to: the caller collects the text
-            text = scrub(str(exc), self._url) if not isinstance(exc, DeliveryError) else str(exc)
-            with self._lock:
-                self.errors.append(text)
-
-    def close(self, timeout: float = 5.0) -> bool:
-        """Let queued messages go out for at most ``timeout`` seconds; True when all did. The
-        thread is a daemon, so a server that never answers cannot hold the process."""
-        self._stopping.set()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+    def send(self, body: Any, message: Mapping[str, Any], deadline: float | None) -> Outcome:
+        return post_json(self._url, body, key=message.get("idempotency_key"), headers=self._headers, timeout=self.timeout,
+                         retries=self.retries, backoff=self.backoff, max_backoff=self.max_backoff,
+                         idempotent=self.idempotent, deadline=deadline)
 
 
-def held_back_notice(last: Mapping[str, Any], count: int) -> dict[str, Any]:
-    return {
-        "event": "held_back",
-        "level": "info",
-        "title": f"grpo-monitor: {count} more alert{'s' if count != 1 else ''} held back by the rate limit",
-        "text": f"Every finding is in the run log: {last.get('run_dir') or 'run.jsonl'}",
-        "run_id": last.get("run_id"),
-        "run_dir": last.get("run_dir"),
-        "held_back": count,
-        "finding": None,
-        "recommendation": None,
-    }
+class WebhookSender(Sender):
+    """A webhook destination and its daemon thread (``Sender``)."""
 
-
-def post_messages(url: str, messages: Sequence[Mapping[str, Any]], fmt: str | None = None, **kwargs: Any) -> list[str]:
-    """Post messages one by one in this thread (the offline verb); the masked errors, if any."""
-    check_url(url)
-    fmt = detect_format(url, fmt)
-    errors = []
-    for m in messages:
-        try:
-            post_json(url, payload(m, fmt), **kwargs)
-        except DeliveryError as exc:
-            errors.append(str(exc))
-    return errors
+    def __init__(self, url: str, fmt: str | None = None, *, queue_size: int = 64, per_minute: float = 20.0,
+                 burst: int = 5, notice: Callable[[int, int], Mapping[str, Any]] | None = None, **destination: Any) -> None:
+        dest = WebhookDestination(url, fmt, **destination)
+        self.format = dest.format
+        self.masked = mask_url(url)
+        super().__init__(dest, queue_size=queue_size, per_minute=per_minute, burst=burst, notice=notice)

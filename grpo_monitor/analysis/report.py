@@ -29,12 +29,12 @@ from grpo_monitor.detectors.base import Finding
 from grpo_monitor.core.engine import Engine
 from grpo_monitor.core.recommend import Recommender, lineage_options
 from grpo_monitor.core.recommend import title as rec_title
+from grpo_monitor.core.exit_codes import ExitCode
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm",
           "kl", "eval_reward", "eval_accuracy")
 VERDICTS = ("healthy", "incomplete", "cannot_judge", "warning", "critical")
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_NOT_JUDGED = 0, 1, 2, 3
 _BARS = "▁▂▃▄▅▆▇█"
 # The inputs the failure detectors read, in the order a user would map them.
 KEY_INPUTS = ("reward", "completions/mean_length", "completions/clipped_ratio", "entropy", "frac_reward_zero_std",
@@ -92,6 +92,12 @@ class RunReport:
     # Patterns in the run that look wrong but are normal GRPO behaviour (``monitor.explain``); they
     # never change the verdict.
     notes: list[dict[str, Any]] = field(default_factory=list)
+    # Lines of the run's files that were not records, each left out alone: how many, and where.
+    skipped: dict[str, Any] | None = None
+    # What the run's writer could not write (the disk filled, an I/O error), from its notes, and
+    # the steps the run logged, those missing from the log included.
+    not_written: dict[str, Any] | None = None
+    steps_logged: int | None = None
     # What the run spent (``run``) and what each warning/critical finding cost from its onset to the end of
     # the run (``findings``, in the order of ``findings``; ``core.cost``).
     cost: dict[str, Any] = field(default_factory=dict)
@@ -130,8 +136,8 @@ class RunReport:
     def exit_code(self) -> int:
         v = self.verdict
         if v in ("critical", "warning"):
-            return EXIT_FINDINGS
-        return EXIT_NOT_JUDGED if v in ("cannot_judge", "incomplete") else EXIT_CLEAN
+            return ExitCode.FINDINGS
+        return ExitCode.NOT_JUDGED if v in ("cannot_judge", "incomplete") else ExitCode.CLEAN
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -154,6 +160,11 @@ class RunReport:
             out["needs"] = needs_text(self)
         if self.warnings:
             out["notes"] = list(self.warnings)
+        if self.skipped:
+            out["skipped_records"] = dict(self.skipped)
+        if self.not_written:
+            out["not_written"] = dict(self.not_written)
+            out["steps_logged"] = self.steps_logged
         # Explanations of normal behaviour under their own key: "notes" has carried the read warnings.
         out["normal"] = list(self.notes)
         if self.cost:
@@ -174,13 +185,13 @@ class Report:
         """1 when a run has a warning or critical finding; else 2 when a run could not be read;
         else 3 when a run could not be judged or is incomplete; else 0."""
         codes = {r.exit_code for r in self.runs}
-        if EXIT_FINDINGS in codes:
-            return EXIT_FINDINGS
+        if ExitCode.FINDINGS in codes:
+            return ExitCode.FINDINGS
         if self.errors:
-            return EXIT_BAD_INPUT
-        if EXIT_NOT_JUDGED in codes:
-            return EXIT_NOT_JUDGED
-        return EXIT_CLEAN
+            return ExitCode.BAD_INPUT
+        if ExitCode.NOT_JUDGED in codes:
+            return ExitCode.NOT_JUDGED
+        return ExitCode.CLEAN
 
     def to_dict(self) -> dict[str, Any]:
         # A run of the folder that could not be read keeps the fixed shape, with its error.
@@ -394,11 +405,26 @@ def config_findings(src: Any) -> list[Finding]:
     return out
 
 
+def write_loss(src: Any) -> Any:
+    """What a run directory's writer could not write (``core.runlog.WriteLoss``), or None."""
+    run = getattr(src, "run", None)
+    if run is None or src.format != "run_dir":
+        return None
+    from grpo_monitor.core.runlog import write_losses
+
+    return write_losses(getattr(run, "notes", None) or [])
+
+
 def run_status(src: Any) -> tuple[str | None, str]:
-    """Whether a run directory finished: its final summary, a restart the monitor asked for, or neither."""
+    """Whether a run directory finished: its final summary, a restart the monitor asked for, or neither.
+    A run whose writer could not write some of its steps is ``incomplete`` whatever else it did:
+    its findings cover only the steps in the log."""
     run = getattr(src, "run", None)
     if run is None or src.format != "run_dir":
         return None, ""
+    loss = write_loss(src)
+    if loss is not None and (loss.steps or loss.records.get("summary") or loss.uncounted):
+        return "incomplete", loss.line(len(src.steps)) + "; the findings cover the steps in the log"
     if getattr(run, "summary", None) is not None:
         return None, ""
     if getattr(run, "restarts", None):
@@ -482,6 +508,20 @@ def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | 
     engines: list[Any] = []
     findings, recs, coverage = replay_with_coverage(src, with_recorded_rules(src, detectors), names, costing, engines)
     status, note = run_status(src)
+    warnings = list(src.warnings)
+    skipped = None
+    if src.format == "run_dir":
+        from grpo_monitor.readers.run_dir import skipped_records
+
+        # After the replay: a step's samples are parsed (and a bad one found) when it is reached.
+        found = skipped_records(src)
+        index = getattr(getattr(src, "samples", None), "index", None)
+        if index is not None and index.skipped.count:
+            warnings.append(index.skipped.line())
+        skipped = found.to_dict() if found.count else None
+    loss = write_loss(src)
+    if loss is not None and status != "incomplete":  # else the status says it
+        warnings.insert(0, loss.line(len(src.steps)))
     return RunReport(
         source=label,
         format=src.format,
@@ -490,7 +530,7 @@ def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | 
         recommendations=recs,
         series=key_curves(src.steps),
         model=dict(src.context.model),
-        warnings=list(src.warnings),
+        warnings=warnings,
         file=_read_target(src, path),
         coverage=coverage,
         metrics_found=names,
@@ -498,6 +538,9 @@ def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | 
         status_note=note,
         segment=_segment_of(src),
         notes=_notes(src),
+        skipped=skipped,
+        not_written=loss.to_dict() if loss is not None else None,
+        steps_logged=len(src.steps) + loss.steps if loss is not None else None,
         cost=cost_summary(engines[0] if engines else None, findings),
     )
 
@@ -560,19 +603,18 @@ def split_runs(src: Any) -> list[tuple[str, Any]] | None:
     run = getattr(src, "run", None)
     if src.format != "run_dir" or run is None:
         return None
+    if getattr(run, "header_count", 0) < 2:
+        return None
     run_file = Path(run.path) / "run.jsonl"
-    try:
-        with open(run_file, "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    if data.count(b'"header"') < 2:
-        return None
-    from grpo_monitor.core.runlog import RunLog, iter_records
+    from grpo_monitor.core.runlog import RunLog, RunLogError, iter_records
 
     logs: list[RunLog] = []
     current: RunLog | None = None
-    for rec in iter_records(run_file):
+    try:
+        records = list(iter_records(run_file))
+    except RunLogError:
+        return None
+    for rec in records:
         if rec["type"] == "header":
             starts_over = not rec.get("resumed_from_step")
             other = current is not None and rec.get("run_id") != current.header.get("run_id")
@@ -698,7 +740,10 @@ def discover_runs(path: str | os.PathLike[str]) -> list[Path] | None:
     FOLDER`` reads it). Loose log files beside them count as runs of their own.
     """
     p = Path(path)
-    if not p.is_dir() or (p / "run.jsonl").is_file():
+    try:
+        if not p.is_dir() or (p / "run.jsonl").is_file():
+            return None
+    except OSError:  # cannot be looked into: reading it as one run says why, in one line
         return None
     budget = [_MAX_DIRS]
     found = _collect(p, _MAX_DEPTH, budget)
@@ -712,8 +757,13 @@ def discover_runs(path: str | os.PathLike[str]) -> list[Path] | None:
 
 
 def _collect(d: Path, depth: int, budget: list[int]) -> list[tuple[str, Path]]:
-    if (d / "run.jsonl").is_file():
-        return [("run_dir", d)]
+    try:
+        if (d / "run.jsonl").is_file():
+            return [("run_dir", d)]
+        if not os.access(d, os.R_OK | os.X_OK):
+            raise PermissionError(d)
+    except OSError:  # a folder that cannot be entered: listed as skipped, with why
+        return [("denied", d)]
     budget[0] -= 1
     below: list[tuple[str, Path]] = []
     if depth > 0 and budget[0] > 0:
@@ -731,7 +781,7 @@ def _collect(d: Path, depth: int, budget: list[int]) -> list[tuple[str, Path]]:
     run_dirs = [c for c in below if c[0] == "run_dir"]
     if run_dirs:
         return run_dirs  # an output_dir's own monitor log speaks for it
-    return [(marker, d)]
+    return [(marker, d)] + [c for c in below if c[0] == "denied"]
 
 
 def _marker(d: Path) -> str | None:
@@ -744,9 +794,9 @@ def _marker(d: Path) -> str | None:
     except OSError:
         return None
     try:
-        from grpo_monitor.readers.trackers import looks_like_wandb_dir, trackio_databases
+        from grpo_monitor.readers.trackers import looks_like_wandb_dir, trackio_databases, wandb_runs
 
-        if looks_like_wandb_dir(d):
+        if looks_like_wandb_dir(d) and len(wandb_runs(d)) < 2:  # a wandb/ folder of several runs: each one
             return "wandb"
         if trackio_databases(d):
             return "trackio"
@@ -814,6 +864,9 @@ def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[An
 
     report = Report([])
     for p, how in expand_paths(paths):
+        if how == "denied":  # inside a folder of runs: maybe not a run at all, so not an error
+            report.skipped.append((p, "cannot be entered or read (permission denied)"))
+            continue
         try:
             report.runs.extend(_runs_of(p, how, report, detectors, logging_steps, mapping, model, costing))
         except SourceError as exc:
@@ -847,9 +900,17 @@ def _runs_of(p: str, how: str, report: Report, detectors: Sequence[Any] | None, 
     return runs
 
 
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except OSError:
+        return False
+
+
 def expand_paths(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, str]]:
     """Every run to analyse, and how it came: ``given`` (named by the user), ``found`` (a run
-    folder or segment found beneath), ``loose`` (a file beside them that looked like a log)."""
+    folder or segment found beneath), ``loose`` (a file beside them that looked like a log),
+    ``denied`` (a folder or file beneath that the user may not read)."""
     out: list[tuple[str, str]] = []
     for p in paths:
         runs = discover_runs(p)
@@ -857,7 +918,9 @@ def expand_paths(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, str
             out.extend((x, "given" if i == 0 else "found") for i, x in enumerate(expand_lineages([p])))
             continue
         for r in runs:
-            if r.is_file():
+            if not os.access(r, os.R_OK | (0 if _is_file(r) else os.X_OK)):
+                out.append((str(r), "denied"))
+            elif _is_file(r):
                 out.append((str(r), "loose"))
             else:
                 out.extend((x, "found") for x in expand_lineages([r]))
@@ -1073,6 +1136,9 @@ def render_markdown(report: Report) -> str:
             out += [f"The monitor could not see this run: no failure detector had the inputs it needs. {needs_text(r)}", ""]
         elif r.status:
             out += [f"Status: {r.status} — {r.status_note}", ""]
+        if r.skipped:
+            out += [f"Skipped {r.skipped['count']} unreadable record(s), each alone (the rest was read):", ""]
+            out += [f"- `{w}`" for w in r.skipped["where"]] + [""]
         if r.coverage:
             out += [f"Judged by: {', '.join(f'`{d}`' for d in r.judged_by) or 'no failure detector'}.", ""]
             for det, why in r.not_judged.items():
@@ -1115,7 +1181,9 @@ def render_markdown(report: Report) -> str:
 def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = None,
             logging_steps: int | None = None, mapping: Sequence[str] | None = None, model: str | None = None,
             html: str | None = None, gpu_hour_price: float | None = None, devices: int | None = None,
-            rules: str | None = None) -> int:
+            rules: str | None = None, on_report: Any = None) -> int:
+    """``grpo-monitor analyze``: the report on stdout, the exit code; ``on_report(report)`` is called
+    with the report once it is out (the CLI's ``--alerts`` sends it on)."""
     from grpo_monitor.readers import SourceError
 
     try:
@@ -1125,16 +1193,18 @@ def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = 
         costing = Costing(gpu_hour_price, devices)
     except ValueError as exc:  # SourceError is one too: a --model folder without a config
         print(f"grpo-monitor: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     try:
         report = _analyze_all(paths, detectors, logging_steps, columns,
                               say=lambda line: print(f"grpo-monitor: {line}", file=sys.stderr), model=facts,
                               costing=costing)
     except SourceError:  # a path given that cannot be read: its line is out already
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     if not report.runs and not report.errors:
-        print(f"grpo-monitor: {', '.join(map(str, paths))}: no run could be read", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        why = "; ".join(f"{p}: {e}" for p, e in report.skipped[:3])
+        print(f"grpo-monitor: {', '.join(map(str, paths))}: no run could be read" + (f" (skipped {why})" if why else ""),
+              file=sys.stderr)
+        return ExitCode.BAD_INPUT
     if as_json:
         print(json.dumps(report.to_dict(), default=_json_default, allow_nan=False))
     else:
@@ -1149,7 +1219,9 @@ def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = 
             write_html(report, html)
         except OSError as exc:
             print(f"grpo-monitor: {html}: cannot write the HTML report ({exc.strerror or exc})", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            return ExitCode.BAD_INPUT
+    if on_report is not None:
+        on_report(report)
     return report.exit_code
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from grpo_monitor.core.exit_codes import ExitCode
+
 import argparse
 import sys
 from collections.abc import Sequence
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
 # What each optional extra (pyproject.toml) installs, by the module names the verbs import. A verb checks
 # for its extras before it starts, so a bare install gets one line naming them rather than a traceback.
@@ -91,11 +92,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="the model the run trained, where the log does not name it: a hub id (Qwen/Qwen3-30B-A3B) or a "
                         "local model folder; a mixture-of-experts model gets GSPO as it does live")
     a.add_argument("--alerts", metavar="URL", default=None,
-                   help="also post each run's verdict to a Slack, Discord or generic JSON webhook (see docs/ALERTS.md)")
-    a.add_argument("--alerts-format", choices=("slack", "discord", "generic"), default=None,
+                   help="also send each run's verdict to a Slack, Discord, Teams, PagerDuty or generic JSON webhook, "
+                        "or mailto:ADDRESS (SMTP server from $GRPO_MONITOR_SMTP_URL); exit 4 when a message was not "
+                        "confirmed delivered (see docs/ALERTS.md)")
+    a.add_argument("--alerts-format", choices=("slack", "discord", "teams", "pagerduty", "generic"), default=None,
                    help="the webhook's payload format (default: recognised from the URL)")
     a.add_argument("--alerts-min-severity", choices=("info", "warning", "critical"), default="warning",
-                   help="post runs whose verdict reaches this (info: every run, healthy ones too; default warning)")
+                   help="send runs whose verdict reaches this (warning, the default, includes runs that could not be "
+                        "judged; info: every run, healthy ones too)")
 
     s = sub.add_parser("supervise", help="run a training command; relaunch it with the recommended variant when the monitor stops it")
     s.add_argument("--max-restarts", type=int, default=2, help="restarts allowed (default 2)")
@@ -143,73 +147,123 @@ def _positive_int(text: str) -> int:
     return n
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.verb == "demo":
-        trackers = [REPORT_TO_EXTRAS[t] for t in str(args.report_to).replace(",", " ").split() if t in REPORT_TO_EXTRAS]
-        if _lacks_extras("demo", "train", *trackers):
-            return EXIT_BAD_INPUT
-        from grpo_monitor.app.demo import run_demo
+def _demo(args: argparse.Namespace) -> int:
+    trackers = [REPORT_TO_EXTRAS[t] for t in str(args.report_to).replace(",", " ").split() if t in REPORT_TO_EXTRAS]
+    if _lacks_extras("demo", "train", *trackers):
+        return ExitCode.BAD_INPUT
+    from grpo_monitor.app.demo import run_demo
 
-        run_demo(args.run_dir, steps=args.steps, moe=args.moe, report_to=args.report_to, scenario=args.scenario,
-                 auto_restart=args.auto_restart, max_restarts=args.max_restarts)
-        return EXIT_CLEAN
-    if args.verb == "analyze":
-        if args.html and _lacks_extras("analyze --html", "report"):
-            return EXIT_BAD_INPUT
-        from grpo_monitor.analysis.report import run_cli
+    run_demo(args.run_dir, steps=args.steps, moe=args.moe, report_to=args.report_to, scenario=args.scenario,
+             auto_restart=args.auto_restart, max_restarts=args.max_restarts)
+    return ExitCode.CLEAN
 
-        code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
-                       mapping=args.mapping, model=args.model, html=args.html, gpu_hour_price=args.gpu_hour_price,
-                       devices=args.devices, rules=args.rules)
-        if args.alerts and code != EXIT_BAD_INPUT:
-            from grpo_monitor.alerts import analyze_cli_post
 
-            analyze_cli_post(args.paths, args.alerts, args.alerts_format, args.alerts_min_severity,
-                             logging_steps=args.logging_steps, mapping=args.mapping, model=args.model)
+def _analyze(args: argparse.Namespace) -> int:
+    """``analyze``, and with ``--alerts`` each run's verdict sent on: the destination is checked before
+    anything is read, the runs are analysed once, and a message that was not confirmed delivered is one
+    stderr line each and ``ExitCode.ALERTS_NOT_SENT`` (the report's own code is said in the last line)."""
+    if args.html and _lacks_extras("analyze --html", "report"):
+        return ExitCode.BAD_INPUT
+    from grpo_monitor.analysis.report import run_cli
+
+    destination, errors = None, []
+    if args.alerts:
+        from grpo_monitor.alerts import cli_destination, post_report
+
+        try:
+            destination = cli_destination(args.alerts, args.alerts_format)
+        except ValueError as exc:
+            print(f"grpo-monitor: --alerts: {exc}", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+
+        def send(report):  # type: ignore[no-untyped-def]
+            errors.extend(post_report(report, destination, args.alerts_min_severity))
+
+    code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
+                   mapping=args.mapping, model=args.model, html=args.html, gpu_hour_price=args.gpu_hour_price,
+                   devices=args.devices, rules=args.rules, on_report=send if destination is not None else None)
+    if not errors:
         return code
-    if args.verb == "supervise":
-        from grpo_monitor.app.supervise import run_cli as supervise_cli
+    for e in errors:
+        print(f"grpo-monitor: alerts not sent: {e}", file=sys.stderr)
+    print(f"grpo-monitor: {len(errors)} verdict message(s) not confirmed delivered (the report alone exits {int(code)})",
+          file=sys.stderr)
+    return ExitCode.ALERTS_NOT_SENT
 
-        return supervise_cli(args.command, args.run_dir, args.max_restarts, args.apply)
-    if args.verb == "watch":
-        if _lacks_extras("watch", "tui"):
-            return EXIT_BAD_INPUT
-        from grpo_monitor.readers import SourceError
 
-        try:
-            from grpo_monitor.app.dashboard import run_watch
-        except ImportError as exc:
-            print(f"grpo-monitor: the dashboard needs the 'tui' extra: pip install 'grpo-monitor[tui]' ({exc})", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        try:
-            run_watch(args.path, wait=args.wait)
-        except SourceError as exc:
-            print(f"grpo-monitor: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        return EXIT_CLEAN
-    if args.verb == "lint":
-        from grpo_monitor.preflight.lint import run_lint_cli
+def _supervise(args: argparse.Namespace) -> int:
+    from grpo_monitor.app.supervise import run_cli as supervise_cli
 
-        return run_lint_cli(args)
-    if args.verb == "inspect-rewards":
-        # sampling from a model needs the training stack; the interactive gate needs the dashboard's
-        if _lacks_extras("inspect-rewards", *(["train"] if args.demo or args.model else []),
-                         *([] if args.auto else ["tui"])):
-            return EXIT_BAD_INPUT
-        from grpo_monitor.preflight.reward_gate import run_inspect_cli
+    return supervise_cli(args.command, args.run_dir, args.max_restarts, args.apply)
 
-        def open_screen(session, run_dir, funcs, source):  # type: ignore[no-untyped-def]
-            from grpo_monitor.app.gate_screen import run_gate
 
-            return run_gate(session, run_dir, funcs, source)
+def _watch(args: argparse.Namespace) -> int:
+    if _lacks_extras("watch", "tui"):
+        return ExitCode.BAD_INPUT
+    from grpo_monitor.readers import SourceError
 
-        try:
-            return run_inspect_cli(args, open_screen)
-        except ImportError as exc:
-            print(f"grpo-monitor: inspect-rewards needs the 'train' and 'tui' extras ({exc})", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    return EXIT_BAD_INPUT
+    try:
+        from grpo_monitor.app.dashboard import run_watch
+    except ImportError as exc:
+        print(f"grpo-monitor: the dashboard needs the 'tui' extra: pip install 'grpo-monitor[tui]' ({exc})", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    try:
+        run_watch(args.path, wait=args.wait)
+    except SourceError as exc:
+        print(f"grpo-monitor: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    return ExitCode.CLEAN
+
+
+def _lint(args: argparse.Namespace) -> int:
+    from grpo_monitor.preflight.lint import run_lint_cli
+
+    return run_lint_cli(args)
+
+
+def _inspect_rewards(args: argparse.Namespace) -> int:
+    # sampling from a model needs the training stack; the interactive gate needs the dashboard's
+    if _lacks_extras("inspect-rewards", *(["train"] if args.demo or args.model else []),
+                     *([] if args.auto else ["tui"])):
+        return ExitCode.BAD_INPUT
+    from grpo_monitor.preflight.reward_gate import run_inspect_cli
+
+    def open_screen(session, run_dir, funcs, source):  # type: ignore[no-untyped-def]
+        from grpo_monitor.app.gate_screen import run_gate
+
+        return run_gate(session, run_dir, funcs, source)
+
+    try:
+        return run_inspect_cli(args, open_screen)
+    except ImportError as exc:
+        print(f"grpo-monitor: inspect-rewards needs the 'train' and 'tui' extras ({exc})", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+
+
+# Every verb the parser defines, and what runs it: the one list of the command's verbs.
+VERBS = {"demo": _demo, "analyze": _analyze, "supervise": _supervise, "watch": _watch, "lint": _lint,
+         "inspect-rewards": _inspect_rewards}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one verb. Input it cannot use (a path it may not read or write, a log nested too deeply,
+    a run log without a header) is one line on stderr and exit 2 in every verb: exit 1 means
+    findings, so a crash must never read as one."""
+    args = _parser().parse_args(argv)
+    from grpo_monitor.core.runlog import RunLogError
+    from grpo_monitor.readers import SourceError
+
+    # Input that cannot be used at all is one line and exit 2 in every verb, never a traceback.
+    try:
+        return VERBS[args.verb](args)
+    except (SourceError, RunLogError) as exc:
+        print(f"grpo-monitor: {' '.join(str(exc).split())}", file=sys.stderr)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"grpo-monitor: {where}{exc.strerror or exc}", file=sys.stderr)
+    except RecursionError:
+        print("grpo-monitor: input nested too deeply to read", file=sys.stderr)
+    return ExitCode.BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -274,11 +274,12 @@ def _progress_callback(total: int):
 
 def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> None:
     from grpo_monitor.core.recommend import title as rec_title
-    from grpo_monitor.core.runlog import read_run
+    from grpo_monitor.core.runlog import read_run, write_losses
 
     log = read_run(run_dir)
     model = log.header.get("model", {})
     last = log.steps[-1]["metrics"] if log.steps else {}
+    loss = write_losses(log.notes)
 
     def fmt(key: str) -> str:
         v = last.get(key)
@@ -287,9 +288,14 @@ def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> No
     kind = f"MoE {model.get('num_experts')} experts top-{model.get('top_k')}" if model.get("is_moe") else "dense"
     if title:
         print(f"-- {title}")
-    print(f"grpo-monitor demo: {len(log.steps)} steps of GRPO on a tiny {model.get('class')} ({kind}, "
+    # Steps the writer could not write (the disk filled) were trained all the same: count them.
+    trained = len(log.steps) + (loss.steps if loss is not None else 0)
+    print(f"grpo-monitor demo: {trained} steps of GRPO on a tiny {model.get('class')} ({kind}, "
           f"{model.get('num_parameters'):,} parameters) in {seconds:.1f} s")
-    print(f"  last step: entropy {fmt('entropy')}, reward {fmt('reward')}, mean length {fmt('completions/mean_length')}, "
+    if loss is not None:
+        print(f"  not in the run log: {loss.line(len(log.steps))}")
+    where = f"last recorded step ({log.steps[-1]['step']})" if loss is not None and log.steps else "last step"
+    print(f"  {where}: entropy {fmt('entropy')}, reward {fmt('reward')}, mean length {fmt('completions/mean_length')}, "
           f"clipped {fmt('completions/clipped_ratio')}")
     print(f"  samples recorded: {len(log.samples)}; findings: {len(log.findings)}")
     for f in log.findings:

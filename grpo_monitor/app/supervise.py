@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_monitor.core.restart import PLAN_FILE, child_env, child_flags, read_plan, segment_dir
+from grpo_monitor.core.exit_codes import ExitCode
 
 APPLY_MODES = ("both", "flags", "env")
 LOCK_FILE = ".supervisor.lock"
@@ -125,11 +126,11 @@ def run_cli(argv_command: Sequence[str], run_dir: str | None, max_restarts: int,
         command = command[1:]
     if not command:
         print("grpo-monitor supervise: no command given (usage: grpo-monitor supervise [opts] -- CMD ...)", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     directory = run_dir or os.environ.get("GRPO_MONITOR_RUN_DIR") or "runs/supervised"
     try:
         return supervise(command, directory, max_restarts=max_restarts, apply=apply,
                          log=lambda m: print(m, file=sys.stderr, flush=True))
     except SupervisorBusy as exc:
         print(f"grpo-monitor supervise: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT

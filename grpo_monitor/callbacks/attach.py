@@ -129,9 +129,15 @@ def attach(
       ``moe_probe_every``: the routing flip-rate probe interval in steps.
     - ``auto_restart``: stop on a confirmed finding and write a restart plan (off by default);
       ``max_restarts`` (default 2); ``restart_from`` (``before_onset``, ``latest`` or ``initial``).
-    - ``alerts``: a Slack, Discord or other webhook URL (default ``$GRPO_MONITOR_WEBHOOK_URL``; False turns
-      every alert off, the trackers' too), with ``alerts_*`` options (``alerts_format``,
-      ``alerts_min_severity``, ``alerts_trackers``, ``alerts_per_minute``, ...): see ``docs/ALERTS.md``.
+    - ``alerts``: a destination or a list of them (a Slack, Discord, Teams, PagerDuty or other webhook URL,
+      ``mailto:ADDRESS``, or a dict with its own ``headers``, ``template``, ``mention``, ...; default
+      ``$GRPO_MONITOR_WEBHOOK_URL``; False turns every alert off, the trackers' too), with ``alerts_*``
+      options: ``alerts_format`` (``slack``/``discord``/``teams``/``pagerduty``/``generic``, else from the
+      URL), ``alerts_min_severity`` (``warning`` or ``critical``), ``alerts_trackers`` (True: the trackers
+      in ``args.report_to``; False or a list of names), ``alerts_per_minute``/``alerts_burst`` (rate
+      limit), ``alerts_retries``, ``alerts_timeout``, ``alerts_flush_timeout``, ``alerts_headers``,
+      ``alerts_template``, ``alerts_mention`` (critical messages only), ``alerts_max_per_run``,
+      ``alerts_cooldown_steps`` — all checked here; see ``docs/ALERTS.md``.
     - ``require_reward_gate=True`` refuses to train (``RewardGateError``, naming the command to run) until
       ``grpo-monitor inspect-rewards`` has saved a passed verdict for these reward functions in the run
       directory, with at least ``gate_min_agreement`` of the judged samples agreed with.
@@ -176,11 +182,11 @@ def attach(
 
         # Every rank checks, so all of them refuse together.
         logger.info("grpo-monitor: %s", require_gate(trainer, directory, gate_min_agreement))
-    if alerts is not None or alert_options:
-        from grpo_monitor.alerts import AlertOptions
+    from grpo_monitor.alerts import AlertOptions, watch_training
 
-        # Checked here, so a mistyped option fails at attach time rather than as a warning mid-run.
-        alerts = AlertOptions.of({**({"alerts": alerts} if alerts is not None else {}), **alert_options})
+    # Checked here (those from the environment too), so a mistyped option fails at attach time rather than
+    # as a warning mid-run.
+    alert_opts = AlertOptions.of({**({"alerts": alerts} if alerts is not None else {}), **alert_options})
     from grpo_monitor.core.rules import load_rules
 
     # Built and checked here, so a broken rule file fails at attach time, not mid-run.
@@ -193,10 +199,12 @@ def attach(
         restarts=RestartOptions(auto_restart, max_restarts, restart_from),
         place=place,
         router=RouterOptions(router_tap, moe_probe_every),
-        alerts=alerts,
+        alerts=alert_opts,
         costs=costs,
     )
     trainer.add_callback(callback)
+    if alert_opts.enabled:
+        watch_training(trainer, lambda: callback.alerts)  # a crash is said in the alerts, then raised unchanged
     if _is_main_process(trainer):
         _announce(callback, given)
     if dashboard and getattr(trainer.args, "process_index", 0) == 0:

@@ -208,7 +208,9 @@ class MonitorCallback(TrainerCallback):
                              annotators=self.costs.annotators(args))
         self.recommender = Recommender(config, is_moe=self.context.is_moe, tried=list(self.place.tried),
                                        segment=self.place.segment)
-        self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0)
+        # A write that fails (the disk full) is reported once; the writer counts what it lost and says so in the log.
+        self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0,
+                                on_error=self.report_error)
         if state.is_world_process_zero:
             self.writer.header(
                 run_id=self.run_id,
@@ -230,8 +232,10 @@ class MonitorCallback(TrainerCallback):
                 **self.costs.header_fields(),
             )
             self._guard("lint", self._preflight, state)
-            self.alerts = self._guard("alerts", build_dispatcher, self.trainer, self.run_dir, self.run_id,
-                                      self.alert_options, self.report_error)
+            self.alerts = self._guard("alerts", lambda: build_dispatcher(
+                self.trainer, self.run_dir, self.run_id, self.alert_options, self.report_error,
+                note=lambda record: self.writer.write(record) if self.writer is not None else None,
+                segment=self.place.segment, lineage_root=self.restarts.lineage_root))
         if facts.get("is_moe"):
             self._guard("router tap", self._install_router_tap, model)
 
@@ -302,9 +306,11 @@ class MonitorCallback(TrainerCallback):
         if writer is None or self.engine is None:
             return []
         if SUMMARY_KEYS & logs.keys():
-            writer.write({"type": "summary", "step": step, "metrics": normalize_metrics(logs)})
-            if self.alerts is not None:  # the trainer's last log: every tracker still has its run open
-                self._guard("alerts", self.alerts.finish, step)
+            # The trainer's last log: every tracker still has its run open. The alerts' end message,
+            # flush and delivery counts come first, so the summary record carries the counts.
+            delivery = self._guard("alerts", self.alerts.finish, step) if self.alerts is not None else None
+            writer.write({"type": "summary", "step": step, "metrics": normalize_metrics(logs),
+                          **({"alerts": delivery} if delivery else {})})
             return []
         metrics = normalize_metrics(logs)
         metrics.update(self._guard("system metrics", system_metrics, True) or {})
@@ -353,8 +359,11 @@ class MonitorCallback(TrainerCallback):
         if plan is None:
             return
         record = self.restarts.stop(plan, control, self.run_dir if state.is_world_process_zero else None)
-        if state.is_world_process_zero and self.writer is not None:
-            self.writer.write(record)
+        if state.is_world_process_zero:
+            if self.writer is not None:
+                self.writer.write(record)
+            if self.alerts is not None:
+                self._guard("alerts", self.alerts.restart, plan.to_dict())
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.alerts is not None:

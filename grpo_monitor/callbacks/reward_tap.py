@@ -8,7 +8,7 @@ reward of each component, and what the detectors read from the text, measured on
 completion while it is whole (``chars``, ``tail_rep``: repeated 4-gram share of its last 200
 words, ``text_hash``: a fingerprint of the whole text, ``top_word``: the share of those words taken
 by the commonest one, recorded only where it is high), ``distinct_tokens`` (distinct token ids of the
-completion: ``!!!!`` to the cap is one) and ``other_script`` (share of its letters in another script than
+completion, up to 64: ``!!!!`` to the cap is one) and ``other_script`` (share of its letters in another script than
 its prompt's). Text itself is kept only for the
 completions a ``SampleRetention`` policy picks, as an excerpt of its head and tail.
 Recording failures are reported by the owner's error handler and never reach the trainer.
@@ -71,17 +71,33 @@ def text_signals(completions: Sequence[Any]) -> list[tuple[int, float | None, in
     return out
 
 
+DISTINCT_CAP = 64
+
+
+def distinct_tokens(ids: list[int]) -> int:
+    """Distinct token ids of a completion, counted up to ``DISTINCT_CAP``: what tells one token repeated
+    (``!!!!``, one) from text (dozens or more). A completion's first few hundred tokens already hold that
+    many distinct ids unless it is degenerate, so only a degenerate one is read whole.
+
+    >>> distinct_tokens([7] * 9000), distinct_tokens(list(range(9000)))
+    (1, 64)
+    """
+    if len(set(ids[: 4 * DISTINCT_CAP])) >= DISTINCT_CAP:
+        return DISTINCT_CAP
+    return min(len(set(ids)), DISTINCT_CAP)
+
+
 def extra_signals(prompts: Sequence[Any] | None, completions: Sequence[Any] | None,
                   ids: Sequence[Any]) -> list[tuple[int | None, float | None]]:
-    """``(distinct_tokens, other_script)`` of each completion: the number of distinct token ids (None
-    when the ids are not a list) and the share of its letters in another script than its prompt's
-    (None when either has no letters)."""
+    """``(distinct_tokens, other_script)`` of each completion: its distinct token ids up to
+    ``DISTINCT_CAP`` (None when the ids are not a list) and the share of its letters in another script
+    than its prompt's (None when either has no letters)."""
     n = len(ids)
     scripts: dict[int, str | None] = {}
     out: list[tuple[int | None, float | None]] = []
     for i in range(n):
         seq = ids[i]
-        distinct = len(set(seq)) if type(seq) is list else None
+        distinct = distinct_tokens(seq) if type(seq) is list else None
         other = None
         p = prompts[i] if prompts is not None and i < len(prompts) else None
         c = completions[i] if completions is not None and i < len(completions) else None

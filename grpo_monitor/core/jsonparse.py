@@ -34,3 +34,6 @@ def _loads(data: bytes | str) -> Any:
 
 
 loads = json.loads if _fast_loads is None else _loads
+# orjson alone (None without its wheel), for a caller that relies on its refusals: it parses no
+# document nested deeper than 1024 levels, whatever Python's recursion limit is.
+fast_loads = _fast_loads

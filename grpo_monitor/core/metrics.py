@@ -267,7 +267,7 @@ def to_value(value: Any) -> float | None:
     if value is None or isinstance(value, bool):
         return None if value is None else float(value)
     if isinstance(value, (int, float)):
-        return float(value)
+        return _float(value)
     if isinstance(value, str):
         text = value.strip().lower()
         if text in ("", "none", "null"):
@@ -322,4 +322,12 @@ def decode(value: Any) -> float | None:
         return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(value)
     if value is None or isinstance(value, bool):
         return None
-    return float(value) if isinstance(value, (int, float)) else None
+    return _float(value) if isinstance(value, (int, float)) else None
+
+
+def _float(value: int | float) -> float:
+    """``float(value)``, with an integer beyond the float range as the infinity it rounds to."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf

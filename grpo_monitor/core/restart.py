@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_monitor.core.runlog import is_run_dir
+
 PLAN_FILE = "restart_plan.json"
 RESTART_FROM = ("before_onset", "latest", "initial")
 
@@ -93,7 +95,7 @@ def lineage_dirs(root: str | os.PathLike[str]) -> list[Path]:
     root = Path(root)
     out = [root]
     n = 1
-    while (root / f"segment-{n}" / "run.jsonl").is_file():
+    while is_run_dir(root / f"segment-{n}"):
         out.append(root / f"segment-{n}")
         n += 1
     return out

@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_monitor.core.exit_codes import ExitCode
 from grpo_monitor.core.model_config import moe_from_model_id
 from grpo_monitor.detectors.base import Finding
 from grpo_monitor.preflight.memory import (
@@ -742,7 +743,7 @@ def run_lint_cli(args: argparse.Namespace) -> int:
         findings, ctx = lint_path(args.path, model=args.model, **kwargs)
     except LintInputError as exc:
         print(f"grpo-monitor: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     est = ctx.get("estimate")
     note = device_note(ctx)
     flagged = any(f.severity in ("warning", "critical") for f in findings)
@@ -756,7 +757,7 @@ def run_lint_cli(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, default=str))
     else:
         print(format_report(ctx["source"], findings, est, note=note))
-    return 1 if flagged else 0
+    return ExitCode.FINDINGS if flagged else ExitCode.CLEAN
 
 
 def device_note(details: Mapping[str, Any]) -> str | None:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_monitor.core.exit_codes import ExitCode
 from grpo_monitor.core.metrics import to_value
 from grpo_monitor.rewards.registry import RewardSpecError, load_reward_func
 
@@ -1025,12 +1026,12 @@ def run_inspect_cli(args: argparse.Namespace, open_screen: OpenScreen | None = N
     saved verdict (``monitor.preflight.gate_app.run_gate``); the interactive mode needs it."""
     if not args.auto and not args.run_dir:
         print("grpo-monitor: inspect-rewards needs --run-dir (where reward_gate.json is saved), or --auto", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     try:
         samples, funcs, source, extras = collect_inputs(args)
     except GateInputError as exc:
         print(f"grpo-monitor: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     if not 50 <= len(samples) <= 100:
         print(f"grpo-monitor: note: {len(samples)} samples; the recipe reads 50-100", file=sys.stderr)
     scores, errors = score_samples(samples, funcs)
@@ -1047,7 +1048,7 @@ def run_inspect_cli(args: argparse.Namespace, open_screen: OpenScreen | None = N
             references, ref_errors = score_references(samples, pairs)
         except GateInputError as exc:
             print(f"grpo-monitor: {exc}", file=sys.stderr)
-            return 2
+            return ExitCode.BAD_INPUT
         errors.update(ref_errors)
         samples, scores, references, n_differ = disagreements_first(samples, scores, references)
         source["references"] = {n: r["reference"] for n, r in references.items()}
@@ -1071,11 +1072,11 @@ def run_inspect_cli(args: argparse.Namespace, open_screen: OpenScreen | None = N
             shown = {**scores, **{f"{n}~{r['reference']}": r["scores"] for n, r in references.items()}}
             print(auto_report(samples, shown, errors))
             print(checks_report(checks))
-        return 1 if errors or n_differ or warned else 0
+        return ExitCode.FINDINGS if errors or n_differ or warned else ExitCode.CLEAN
     if open_screen is None:
         print("grpo-monitor: the interactive gate needs its screen (run `grpo-monitor inspect-rewards`), or use --auto",
               file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     session = GateSession(samples, scores, errors, threshold=args.threshold, min_judged=args.min_judged,
                           references=references, checks=checks)
     for c in checks:
@@ -1084,11 +1085,11 @@ def run_inspect_cli(args: argparse.Namespace, open_screen: OpenScreen | None = N
     saved = open_screen(session, args.run_dir, funcs, source)
     if saved is None:
         print("grpo-monitor: quit without saving; the reward gate is not passed", file=sys.stderr)
-        return 1
+        return ExitCode.FINDINGS
     print(f"grpo-monitor: verdict saved to {Path(args.run_dir) / GATE_FILE}: "
           f"{'passed' if saved['passed'] else 'not passed'} "
           f"(pass rate {_fmt(saved['pass_rate'])}, {saved['judged']} judged, threshold {saved['threshold']:g})")
-    return 0 if saved["passed"] else 1
+    return ExitCode.CLEAN if saved["passed"] else ExitCode.FINDINGS
 
 
 def main_inspect(argv: Sequence[str] | None = None, open_screen: OpenScreen | None = None) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_monitor.detectors.base import RunContext
 from grpo_monitor.detectors.signals import reward_roles
 from grpo_monitor.core.metrics import normalize, normalize_metrics, reward_components, to_value
+from grpo_monitor.core.runlog import plain_step
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -101,16 +102,16 @@ class Source:
         return pd.DataFrame(data, index=index, columns=pd.Index(names, dtype=object))
 
 
-_STEP_MIN, _STEP_MAX = -(2**63), 2**63 - 1
 _TWO63 = float(2**63)
 
 
 def as_step(value: Any) -> int | None:
-    """A step number from a logged value: an integer, an integral float or a numeric string (int64 range)."""
+    """A step number from a foreign log's value: an integer, an integral float or a numeric string
+    (int64 range). Our own run log takes only what its writer writes (``core.runlog.plain_step``)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value if _STEP_MIN <= value <= _STEP_MAX else None
+        return plain_step(int(value))
     if isinstance(value, float):
         # |value| >= 2**63 is refused even where it rounds into range: it stands for a huge integer.
         return int(value) if -_TWO63 < value < _TWO63 and value == int(value) else None

@@ -6,16 +6,18 @@ import math
 from pathlib import Path
 from typing import Any
 
+from grpo_monitor.core.runlog import Skipped
 from grpo_monitor.detectors.base import RunContext
 from grpo_monitor.readers._base import Normalizer, Probe, Reader, Source, SourceError, StepTable, as_step, finish
 
 
 def read_run_dir(path: Path) -> Source:
-    """Read a run directory (or its ``run.jsonl``) through ``monitor.runlog.read_run``.
+    """Read a run directory (or its ``run.jsonl``) through ``core.runlog.read_run``.
 
     Segments of a restarted lineage live in subdirectories and are not read here: the source
     is the top-level run. Samples are indexed by step and read a step at a time when the replay
-    reaches it (``StepSamples``), so a long run's samples are never all in memory.
+    reaches it (``StepSamples``), so a long run's samples are never all in memory. A line that is
+    not a record is left out and counted (``skipped_records``); the rest of the run is read.
     """
     from grpo_monitor.core.runlog import RunLogError, SampleIndex, StepSamples, read_run
 
@@ -26,18 +28,31 @@ def read_run_dir(path: Path) -> Source:
     index = SampleIndex(log.path)
     index.scan(final=True)
     src = Source(path=log.path, format="run_dir", run=log, warnings=list(log.warnings) + list(index.warnings))
+    if index.skipped.count:
+        src.warnings.append(index.skipped.line())  # type: ignore[arg-type]
     table = StepTable()
     norm = Normalizer(owned=True)  # the parsed step records are ours to keep
-    for rec in log.steps:
-        step = as_step(rec["step"])
-        if step is None:
-            raise SourceError(log.path / "run.jsonl", f"step {rec['step']} is beyond the 64-bit range")
+    for rec in log.steps:  # each with a plain 64-bit integer step: the run-log parser saw to it
         metrics = rec.get("metrics")
-        table.add(step, norm(metrics) if isinstance(metrics, dict) else {})
+        table.add(rec["step"], norm(metrics) if isinstance(metrics, dict) else {})
     finish(src, table)
     src.samples = StepSamples(index)  # type: ignore[assignment]
     src.context = context_from_header(log.header)
     return src
+
+
+def skipped_records(src: Source) -> Skipped:
+    """Every line of a run directory's files left out as not a record so far (the samples of a
+    step are parsed when the replay reaches it, so ask after the replay)."""
+    from grpo_monitor.core.runlog import Skipped
+
+    out = Skipped()
+    if src.run is not None:
+        out.merge(src.run.skipped)
+    index = getattr(src.samples, "index", None)
+    if index is not None and isinstance(getattr(index, "skipped", None), Skipped):
+        out.merge(index.skipped)
+    return out
 
 
 def context_from_header(header: dict[str, Any]) -> RunContext:

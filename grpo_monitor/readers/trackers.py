@@ -48,15 +48,20 @@ def find_wandb_file(p: Path) -> Path | None:
     return None
 
 
+def wandb_runs(p: Path) -> list[Path]:
+    """The run directories of a ``wandb/`` folder, oldest first (``latest-run`` is a link to one of them)."""
+    runs = [d for d in p.glob("*run-*") if d.is_dir() and not d.is_symlink()
+            and (d.name.startswith("run-") or d.name.startswith("offline-run-"))]
+    # run-YYYYMMDD_HHMMSS-<id>: the name sorts by start time.
+    return sorted(runs, key=lambda d: d.name.split("run-", 1)[1])
+
+
 def newest_wandb_run(p: Path) -> Path | None:
     latest = p / "latest-run"
     if latest.is_dir():
         return latest.resolve()
-    runs = [d for d in p.glob("*run-*") if d.is_dir() and (d.name.startswith("run-") or d.name.startswith("offline-run-"))]
-    if not runs:
-        return None
-    # run-YYYYMMDD_HHMMSS-<id>: the name sorts by start time.
-    return max(runs, key=lambda d: d.name.split("run-", 1)[1])
+    runs = wandb_runs(p)
+    return runs[-1] if runs else None
 
 
 def looks_like_wandb_dir(p: Path) -> bool:
@@ -149,9 +154,12 @@ def read_wandb(p: Path) -> Source:
     if not rows:
         raise SourceError(p, "a W&B run with no logged history (its .wandb log holds no metrics, and there is no "
                              "files/wandb-history.jsonl or files/wandb-summary.json)")
+    if log is not None and p.is_dir() and log.parent != p and len(wandb_runs(p)) > 1:
+        src.warnings.append(f"{p}: {len(wandb_runs(p))} W&B runs here; read the latest, {run_dir.name} "
+                            "(`grpo-monitor analyze` of the folder reports each)")
     table = StepTable()
     norm = Normalizer(drop=SUMMARY_KEYS)
-    rows = _on_trainer_axis(p, rows, src)
+    rows = _on_trainer_axis(p, _without_own_keys(rows), src)
     for rec in rows:
         step = _wandb_step(rec)
         if step is None:
@@ -160,11 +168,43 @@ def read_wandb(p: Path) -> Source:
     if not len(table):
         raise SourceError(p, "a W&B run whose history rows have no step")
     finish(src, table, "rows")
-    logging_steps = as_step(config.get("logging_steps"))
-    src.context = guess_context(src.metric_names(), logging_steps, [s for s, _ in src.steps])
-    if logging_steps:
-        src.meta["logging_steps"] = logging_steps
+    src.context = tracker_context(src, config)
+    if src.context.config.get("logging_steps"):
+        src.meta["logging_steps"] = src.context.logging_steps
     return src
+
+
+# The monitor's own writes into a tracker's run (its findings tables, the verdict): not the run's metrics.
+OWN_PREFIX = "grpo_monitor/"
+
+
+def _without_own_keys(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows without the monitor's own keys; a row that held nothing else goes (it is no step of training)."""
+    out = []
+    for r in rows:
+        if not any(k.startswith(OWN_PREFIX) for k in r):
+            out.append(r)
+            continue
+        kept = {k: v for k, v in r.items() if not k.startswith(OWN_PREFIX)}
+        if any(not k.startswith("_") and k not in _TRAINER_STEPS for k in kept):
+            out.append(kept)
+    return out
+
+
+def tracker_context(src: Source, config: dict[str, Any]) -> Any:
+    """What the trainer's config, as the tracker holds it (every ``GRPOConfig`` field beside the
+    model's config), tells the detectors and the recommendations: the same as the run log's header."""
+    from grpo_monitor.core.model_config import moe_facts
+
+    config = {k: v for k, v in config.items() if not str(k).startswith("_")}
+    ctx = guess_context(src.metric_names(), as_step(config.get("logging_steps")), [s for s, _ in src.steps])
+    ctx.config = config
+    if config.get("model_type") or config.get("architectures"):
+        try:
+            ctx.model = moe_facts(config)
+        except Exception:  # a config the model reader does not know: no model facts, as before
+            ctx.model = {}
+    return ctx
 
 
 _TRAINER_STEPS = ("train/global_step", "global_step", "trainer/global_step")
@@ -331,7 +371,7 @@ def read_trackio(p: Path, run: str | None = None) -> Source:
         records.append(obj)
     if unreadable:
         src.warnings.append(f"{db}: {unreadable} metric row(s) of run {chosen!r} are not JSON objects; skipped")
-    for obj in _on_trainer_axis(db, records, src):
+    for obj in _on_trainer_axis(db, _without_own_keys(records), src):
         s = _wandb_step(obj)
         if s is None:
             continue
@@ -339,8 +379,7 @@ def read_trackio(p: Path, run: str | None = None) -> Source:
     if not len(table):
         raise SourceError(db, f"the trackio run {chosen!r} has no readable metric rows")
     finish(src, table, "rows")
-    config = configs.get(chosen) or {}
-    src.context = guess_context(src.metric_names(), as_step(config.get("logging_steps")), [s for s, _ in src.steps])
+    src.context = tracker_context(src, configs.get(chosen) or {})
     return src
 
 

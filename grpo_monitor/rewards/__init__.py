@@ -25,7 +25,7 @@ _EXPORTS = {
     "exact_match": "correctness", "ExactMatchReward": "correctness", "extract_answer": "correctness",
     "json_schema": "schema", "SchemaReward": "schema", "extract_json": "schema",
     "unit_test_reward": "unit_tests", "UnitTestReward": "unit_tests", "SplitTest": "unit_tests",
-    "Sandbox": "sandbox", "Limits": "sandbox",
+    "Sandbox": "sandbox", "Limits": "sandbox", "SandboxRefused": "sandbox",
     "SoftOverlong": "length", "soft_overlong_penalty": "length",
     "JudgeReward": "judge", "local_judge": "judge", "parse_score": "judge",
     "FormatReward": "composite", "answer_format": "composite", "format_and_correctness": "composite",

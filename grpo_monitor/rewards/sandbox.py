@@ -1,12 +1,19 @@
 """Run model-written code in a sandbox, one fresh process tree per job, many jobs in parallel.
 
 Each job is one ``python -I -S`` launcher (``_sandbox_child.py``) in its own session and process
-group. It isolates the code it runs (see that module and docs/REWARDS.md for the threat model):
-new mount, network and PID namespaces where the kernel allows; a fresh tmpfs working directory;
-the trainer's home and working directory hidden; an unprivileged uid of its own per worker slot;
-``RLIMIT_CPU``/``AS``/``FSIZE``/``NPROC``/``NOFILE``; a wall-clock limit after which the whole tree
-is killed; stdout/stderr kept to a bounded head; an empty environment. ``Sandbox.capabilities()``
-says which of these this machine grants.
+group. One isolation policy (see that module and docs/REWARDS.md for the threat model): new mount,
+network, PID and IPC namespaces, entered directly as root with ``CAP_SYS_ADMIN`` and inside a new
+user namespace otherwise; a new root holding only read-only system and interpreter directories and
+a fresh tmpfs working directory; an unprivileged uid of its own per worker slot where the machine
+grants one; no capabilities, ``no_new_privs`` and a seccomp filter (no Unix socket, no memory file,
+no new namespace); ``RLIMIT_CPU``/``AS``/``FSIZE``/``NPROC``/``NOFILE``; the memory of all the job's
+processes counted against one limit; a wall-clock limit after which the whole tree is killed;
+stdout/stderr kept to a bounded head; an empty environment. Where no isolation can be had the job
+is refused (``SandboxRefused``) unless the caller asked for ``isolation="none"``.
+``Sandbox.capabilities()`` says what this machine grants.
+
+A test's checks run in a third process, the judge (``Sandbox.verdicts``), under a memory limit and
+killed past a time limit: never beside the completion, and never in the trainer.
 """
 
 from __future__ import annotations
@@ -20,14 +27,16 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
+
+from grpo_monitor.rewards import _sandbox_child as _child
 
 logger = logging.getLogger(__name__)
 
-CHILD = str(Path(__file__).with_name("_sandbox_child.py"))
+CHILD = _child.__file__
 # Unprivileged uids for the sandboxed code: one per worker slot, so a fork bomb in one job cannot
 # use up the process count (RLIMIT_NPROC is per uid) of the job beside it. No passwd entry needed.
 UID_BASE = 200_000
@@ -38,22 +47,30 @@ _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 class Limits:
     wall: float = 5.0  # seconds before the whole process tree is killed
     cpu: int = 4  # seconds of CPU per process
-    memory: int = 1 << 30  # address space (RLIMIT_AS), bytes
+    memory: int = 1 << 30  # bytes: all the job's processes together, and each one's address space (RLIMIT_AS)
     fsize: int = 16 << 20  # largest file the code may write, bytes
     nproc: int = 32  # processes of the sandbox's uid
     nofile: int = 64
     tmpfs: int = 64 << 20  # the working directory's size
     output: int = 64 << 10  # head of stdout/stderr kept
     result: int = 1 << 20  # the values the code reports
+    verdict: float = 1.0  # seconds the judge may spend on one test's checks
 
     def as_job(self) -> dict[str, Any]:
         return {"wall": self.wall, "cpu": self.cpu, "as": self.memory, "fsize": self.fsize, "nproc": self.nproc,
                 "nofile": self.nofile, "tmpfs": self.tmpfs, "output": self.output, "result": self.result}
 
 
+class SandboxRefused(RuntimeError):
+    """No isolation can be had on this machine, and the caller did not ask for ``isolation="none"``."""
+
+
+ISOLATIONS = ("full", "none")
+
+
 @dataclasses.dataclass
 class JobResult:
-    status: str  # exit | signal | timeout | error | lost
+    status: str  # exit | signal | timeout | memory | error | refused | lost
     code: int | None = None
     ok: bool = False  # the code ran and every probe produced a value
     values: list[Any] | None = None  # encoded probe values (decode with ``decode_value``)
@@ -72,19 +89,22 @@ def _hidden_paths() -> list[str]:
     return out
 
 
-def _kept_paths() -> list[str]:
-    # The standard library, so the code can import it when its directory is inside a hidden one.
-    return [os.path.realpath(os.path.dirname(os.__file__))]
-
-
 class Sandbox:
-    """A pool of sandboxed jobs. ``run(code, probes)`` runs one; ``map`` runs many in parallel."""
+    """A pool of sandboxed jobs. ``run(code, probes)`` runs one; ``map`` runs many in parallel.
 
-    def __init__(self, limits: Limits | None = None, workers: int | None = None, isolate: dict[str, bool] | None = None,
+    ``isolation="full"`` (the default) isolates every job as described above or refuses it;
+    ``isolation="none"`` runs the code without namespaces, new root or seccomp filter, with
+    resource limits and its own session only: unsafe, for machines that grant no isolation and
+    code that is trusted anyway. ``hide``: paths kept out of the code's view even where they lie
+    inside a directory it sees (default: the trainer's home and working directory)."""
+
+    def __init__(self, limits: Limits | None = None, workers: int | None = None, isolation: str = "full",
                  hide: Sequence[str] | None = None, fork_server: bool = True) -> None:
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation={isolation!r}: expected one of {', '.join(map(repr, ISOLATIONS))}")
         self.limits = limits or Limits()
         self.workers = max(1, int(workers or min(8, os.cpu_count() or 1)))
-        self.isolate = dict(isolate or {})
+        self.isolation = isolation
         self.hide = list(hide) if hide is not None else _hidden_paths()
         self._slots: queue.Queue[int] = queue.Queue()
         base = UID_BASE + (os.getpid() % 4096) * 64
@@ -95,15 +115,16 @@ class Sandbox:
         self._server_sock: str | None = None
         self._server_failed = False
         self._pool: ThreadPoolExecutor | None = None
+        self._judge = _Judge()
         self._lock = threading.Lock()
         self._warned: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:  # picklable for TRL's rollout workers: no pool, no queue
-        return {"limits": self.limits, "workers": self.workers, "isolate": self.isolate, "hide": self.hide,
+        return {"limits": self.limits, "workers": self.workers, "isolation": self.isolation, "hide": self.hide,
                 "fork_server": self.fork_server}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["limits"], state["workers"], state["isolate"], state["hide"],  # type: ignore[misc]
+        self.__init__(state["limits"], state["workers"], state.get("isolation", "full"), state["hide"],  # type: ignore[misc]
                       state.get("fork_server", True))
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -115,16 +136,26 @@ class Sandbox:
     def run_tests(self, code: str, tests: Sequence[dict[str, Any]], limits: Limits | None = None) -> list[JobResult]:
         """Run ``code`` once per test, each in a fresh process of one sandbox. A test is
         ``{"probes": [...], "setup": "..."}`` (evaluate the probe expressions after the code) or
-        ``{"stdin": "..."}`` (feed it stdin, keep its stdout). ``limits.wall`` is per test."""
+        ``{"stdin": "..."}`` (feed it stdin, keep its stdout). ``limits.wall`` is per test.
+        Raises ``SandboxRefused`` where the job cannot be isolated."""
+        results, refused = self._run_tests(code, tests, limits)
+        if refused:
+            raise SandboxRefused(refused)
+        return results
+
+    def _run_tests(self, code: str, tests: Sequence[dict[str, Any]], limits: Limits | None) -> tuple[list[JobResult], str]:
         lim = limits or self.limits
         if not tests:
-            return []
+            return [], ""
+        if self.isolation == "none" and "none" not in self._warned:
+            self._warned.add("none")
+            logger.warning("grpo-monitor sandbox: isolation='none': model-written code runs without isolation (unsafe: "
+                           "it can read what the trainer's user can, reach the network and signal its processes)")
         uid = self._slots.get()
         try:
             job = {"code": code, "tests": [{"probes": list(t.get("probes") or []), "setup": t.get("setup") or "",
                                             "stdin": t.get("stdin")} for t in tests],
-                   "limits": lim.as_job(), "uid": uid, "gid": uid, "isolate": self.isolate, "hide": self.hide,
-                   "keep": _kept_paths()}
+                   "limits": lim.as_job(), "uid": uid, "gid": uid, "isolation": self.isolation, "hide": self.hide}
             return self._launch(job, lim)
         finally:
             self._slots.put(uid)
@@ -138,11 +169,18 @@ class Sandbox:
         """``run_tests(**job)`` for every job, ``workers`` at a time, results in order."""
         return list(self._executor().map(lambda j: self.run_tests(**j), jobs))
 
-    def _launch(self, job: dict[str, Any], lim: Limits) -> list[JobResult]:
+    def verdicts(self, tests: Sequence[dict[str, Any]], limits: Limits | None = None) -> list[bool]:
+        """Whether each test passed: ``{"setup", "checks", "values"}``, the checks (expressions over the
+        probe values, as ``_sandbox_child.verdict`` binds them) evaluated by the judge on the encoded
+        values the sandbox reported. A check that fails, raises, runs out of memory or past
+        ``limits.verdict`` seconds did not pass."""
+        return self._judge.run(tests, limits or self.limits)
+
+    def _launch(self, job: dict[str, Any], lim: Limits) -> tuple[list[JobResult], str]:
         n = len(job["tests"])
         workdir = None
         try:
-            if os.getuid() != 0 or self.isolate.get("mount", True) is False:
+            if self.isolation == "none":  # no new root: the tests work in a private folder on disk
                 import tempfile
 
                 workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
@@ -161,13 +199,13 @@ class Sandbox:
                 except subprocess.TimeoutExpired:
                     self._killpg(proc.pid)
                     proc.communicate()
-                    return [JobResult(status="timeout", error="launcher did not answer")] * n
+                    return [JobResult(status="timeout", error="launcher did not answer")] * n, ""
                 except BaseException:
                     self._killpg(proc.pid)
                     raise
                 if proc.returncode != 0 or not out:
                     msg = f"launcher exit {proc.returncode}: {err.decode(errors='replace')[-300:]}"
-                    return [JobResult(status="error", error=msg)] * n
+                    return [JobResult(status="error", error=msg)] * n, ""
                 rep = json.loads(out.decode("utf-8"))
         finally:
             if workdir:
@@ -175,12 +213,17 @@ class Sandbox:
 
                 shutil.rmtree(workdir, ignore_errors=True)
         caps = rep.get("caps") or {}
-        self._warn_weaker(caps)
         results = rep.get("results")
+        if rep.get("status") == "refused":
+            why = " ".join(str(rep.get("error") or "no reason given").split())
+            msg = (f"grpo-monitor sandbox: refusing to run model-written code: no isolation on this machine ({why}); "
+                   "allow unprivileged user namespaces or run as root, or pass Sandbox(isolation='none') to run it "
+                   "unisolated (unsafe)")
+            return [JobResult(status="refused", error=msg, caps=caps)] * n, msg
         if rep.get("status") != "ok" or not isinstance(results, list) or len(results) != n:
             self._warn_once_error(str(rep.get("error")))
-            return [JobResult(status="error", error=str(rep.get("error", "no results")), caps=caps)] * n
-        return [self._result(r, caps) for r in results]
+            return [JobResult(status="error", error=str(rep.get("error", "no results")), caps=caps)] * n, ""
+        return [self._result(r, caps) for r in results], ""
 
     @staticmethod
     def _result(rep: dict[str, Any], caps: dict[str, Any]) -> JobResult:
@@ -224,7 +267,7 @@ class Sandbox:
             os.chmod(d, 0o700)
             path = os.path.join(d, "s")
             try:
-                proc = subprocess.Popen([sys.executable, "-I", "-S", CHILD, "--serve", path], stdin=subprocess.PIPE,
+                proc = subprocess.Popen([sys.executable, "-I", "-S", CHILD, "--serve", path, json.dumps(self.hide)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
                                         close_fds=True, cwd="/", env=_ENV)
                 ready = select.select([proc.stdout], [], [], 20)[0] and proc.stdout.readline().strip() == b"ready"
@@ -283,19 +326,11 @@ class Sandbox:
         except OSError:
             pass
 
-    def _warn_weaker(self, caps: dict[str, Any]) -> None:
-        missing = [n for n in ("mount", "net", "pid") if caps.get(n) is False and self.isolate.get(n, True)]
-        if not caps.get("root"):
-            missing.append("uid")
-        key = ",".join(missing)
-        if missing and key not in self._warned:
-            self._warned.add(key)
-            logger.warning("grpo-monitor sandbox: running without %s isolation on this machine (%s); see docs/REWARDS.md",
-                           ", ".join(missing), {k: v for k, v in caps.items() if k.endswith("_error")})
-
     def capabilities(self) -> dict[str, Any]:
-        """What this machine grants: runs one empty job and returns its report."""
-        return self.run("pass").caps
+        """What this machine grants: runs one empty job and returns its report (with ``refused``, the
+        reason, where the job could not be isolated)."""
+        res = self._run_tests("pass", [{"probes": []}], None)[0][0]
+        return res.caps | ({"refused": res.error} if res.status == "refused" else {})
 
     def close(self) -> None:
         with self._lock:
@@ -313,43 +348,89 @@ class Sandbox:
 
                 shutil.rmtree(os.path.dirname(self._server_sock or "/nonexistent/x"), ignore_errors=True)
                 self._server = None
+        self._judge.close()
+
+
+# -- the judge ------------------------------------------------------------------------------------------
+
+
+class _Judge:
+    """The third process (``_sandbox_child.py --judge``): one test's checks per line, answered under an
+    address-space limit; killed, and the test failed, when it takes longer than ``Limits.verdict``.
+    Started on first use, again after a kill."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._memory = 0
+        self._buf = b""
+        self._lock = threading.Lock()
+
+    def run(self, tests: Sequence[dict[str, Any]], lim: Limits) -> list[bool]:
+        with self._lock:
+            return [self._one(t, lim) for t in tests]
+
+    def _one(self, test: dict[str, Any], lim: Limits) -> bool:
+        if self._proc is None or self._proc.poll() is not None or self._memory != lim.memory:
+            self.close()
+            self._memory = lim.memory
+            self._proc = subprocess.Popen([sys.executable, "-I", "-S", CHILD, "--judge", str(lim.memory)],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          start_new_session=True, close_fds=True, cwd="/", env=_ENV)
+            self._buf = b""
+            if self._line(20) != b"ready":  # its start does not count against a test's time
+                self.close()
+                return False
+        proc = self._proc
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(json.dumps(test).encode() + b"\n")
+            proc.stdin.flush()
+        except OSError:
+            self.close()
+            return False
+        line = self._line(lim.verdict)
+        if line is None:
+            self.close()
+            return False
+        try:
+            return json.loads(line).get("ok") is True
+        except ValueError:
+            return False
+
+    def _line(self, timeout: float) -> bytes | None:
+        """The judge's next line, or None when it has none within ``timeout`` seconds or died."""
+        import select
+
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            for f in (self._proc.stdin, self._proc.stdout):
+                try:
+                    f.close()  # type: ignore[union-attr]
+                except OSError:
+                    pass
+            self._proc = None
 
 
 # -- values ---------------------------------------------------------------------------------------
 
-
-class ValueDecodeError(ValueError):
-    pass
-
-
-def decode_value(enc: Any, depth: int = 0) -> Any:
-    """The plain Python value a probe reported (see ``_sandbox_child.encode``); never runs code."""
-    if depth > 60 or not isinstance(enc, list) or not enc or not isinstance(enc[0], str):
-        raise ValueDecodeError("malformed value")
-    tag = enc[0]
-    try:
-        if tag == "n":
-            return None
-        if tag == "b" and isinstance(enc[1], bool):
-            return enc[1]
-        if tag == "i":
-            return int(enc[1], 16)
-        if tag == "f":
-            return float.fromhex(enc[1])
-        if tag == "c":
-            return complex(float.fromhex(enc[1]), float.fromhex(enc[2]))
-        if tag == "s" and isinstance(enc[1], str):
-            return enc[1]
-        if tag == "y":
-            return bytes.fromhex(enc[1])
-        if tag in ("l", "t", "S", "F") and isinstance(enc[1], list):
-            items = [decode_value(x, depth + 1) for x in enc[1]]
-            return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
-        if tag == "d" and isinstance(enc[1], list):
-            return {decode_value(k, depth + 1): decode_value(v, depth + 1) for k, v in enc[1]}
-    except (TypeError, ValueError, IndexError, OverflowError) as exc:
-        raise ValueDecodeError(str(exc)) from None
-    raise ValueDecodeError(f"unknown tag {tag!r}")
+ValueDecodeError = _child.ValueDecodeError
+decode_value = _child.decode  # the plain Python value a probe reported; never runs code
 
 
 _default: Sandbox | None = None

@@ -5,32 +5,43 @@ stdin/stdout pairs (``{"input": ..., "output": ...}``, as in APPS and CodeContes
 
 Why the count cannot be forged. A test never runs in the same process as its verdict. Each
 ``assert`` is split, in the trainer, into *probes*, the sub-expressions that call into the
-completion's code (``f(3)`` in ``assert f(3) == 9``), and the rest (``_ == 9``). The sandbox runs
-the completion and evaluates only the probes, each test in a fresh process, and reports their
-values as plain data (exact built-in types: an object whose ``__eq__`` always says yes is refused).
-The trainer then evaluates the rest of the assertion on those values. The completion never sees
+completion's code (``f(3)`` in ``assert f(3) == 9``, ``f(3)`` again in ``assert f(3)[0] == 9``),
+and the rest (``_ == 9``). The sandbox runs the completion and evaluates only the probes, each test
+in a fresh process, with only the setup statements the probes need, and reports their values as
+plain data (exact built-in types: an object whose ``__eq__`` always says yes is refused). A third
+process, the judge, evaluates the rest of the assertion on those values, with its own copy of the
+standard library (a module the test uses without importing it, ``math.isclose``, is that module,
+never the completion's patched one), under a memory and a time limit. The completion never sees
 the expected values, so exiting early, printing a pass summary, raising ``SystemExit``, patching
-``builtins`` or the runner, or writing to the result pipe can only report values, and values pass
-only if they are the right answers. A test whose verdict logic would have to run beside the
-completion (a comprehension or lambda that calls it) is refused: the example scores None.
+``builtins``, a library or the runner, or writing to the result pipe can only report values, and
+values pass only if they are the right answers. A test whose verdict logic would have to run
+beside the completion (a comprehension or lambda that calls it) is refused: the example scores
+None.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import functools
+import importlib
 import json
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grpo_monitor.rewards._sandbox_child import PROBE_PREFIX as _PROBE_PREFIX
+from grpo_monitor.rewards._sandbox_child import verdict as _verdict
 from grpo_monitor.rewards._text import completion_text, extract_code, row_value
-from grpo_monitor.rewards.sandbox import Limits, Sandbox, ValueDecodeError, decode_value, default_sandbox
+from grpo_monitor.rewards.sandbox import JobResult, Limits, Sandbox, SandboxRefused, default_sandbox
 
 logger = logging.getLogger(__name__)
 
 _BUILTIN_NAMES = frozenset(dir(builtins))
-_PROBE_PREFIX = "__grpo_probe_"
+# Standard-library modules a test may name without importing them (the solution was expected to):
+# ``math.isclose(...)`` is the judge's ``math``. Not these two, whose import has side effects.
+_STDLIB = frozenset(m for m in sys.stdlib_module_names if not m.startswith("_")) - {"this", "antigravity"}
 
 
 class UnsplittableTestError(ValueError):
@@ -48,6 +59,42 @@ def _bound_names(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             out.add(node.id)
     return out
+
+
+def _loaded_names(tree: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _stdlib_modules(tree: ast.AST, known: set[str]) -> list[str]:
+    """Unbound names the test uses as ``name.attr`` where ``name`` is a standard-library module
+    that has ``attr``."""
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in _STDLIB
+                and node.value.id not in known and node.value.id not in out):
+            try:
+                if hasattr(importlib.import_module(node.value.id), node.attr):
+                    out.append(node.value.id)
+            except Exception:  # a module this interpreter cannot import is not the one meant
+                pass
+    return out
+
+
+def _needed(stmts: list[ast.stmt], names: set[str]) -> list[ast.stmt]:
+    """The setup statements the probes need: those that bind a name in ``names`` or one that such a
+    statement uses, and those that bind nothing (calls made for their effect). Nothing else enters
+    the sandbox: a setup that holds the expected values keeps them in the trainer."""
+    need, keep = set(names), [False] * len(stmts)
+    changed = True
+    while changed:
+        changed = False
+        for i, st in enumerate(stmts):
+            if not keep[i]:
+                bound = _bound_names(st)
+                if not bound or bound & need:
+                    keep[i], changed = True, True
+                    need |= _loaded_names(st)
+    return [st for st, k in zip(stmts, keep) if k]
 
 
 def _unknown(node: ast.AST, known: set[str]) -> bool:
@@ -85,14 +132,16 @@ class _Splitter(ast.NodeTransformer):
             for kw in node.keywords:
                 kw.value = self.visit(kw.value)
             return node
-        if isinstance(node, ast.Subscript) and not _unknown(node.value, self.known):
+        if isinstance(node, ast.Subscript):  # the index is taken in the judge, on the value
+            node.value = self.visit(node.value)
             node.slice = self.visit(node.slice)
             return node
         return self._probe(node)
 
 
 class SplitTest:
-    """One test: setup statements (run on both sides), probes (run in the sandbox) and checks."""
+    """One test: setup statements, probes (run in the sandbox, with the setup they need) and checks
+    (run in the judge, after the whole setup)."""
 
     def __init__(self, source: str, setup: str = "") -> None:
         self.source = source
@@ -103,6 +152,9 @@ class SplitTest:
             raise UnsplittableTestError(f"{source!r}: not Python ({exc.msg})") from None
         known = set(_BUILTIN_NAMES) | _bound_names(setup_tree)
         setup_stmts: list[ast.stmt] = list(setup_tree.body)
+        modules = _stdlib_modules(tree, known | _bound_names(tree))
+        setup_stmts = [ast.Import(names=[ast.alias(name=m)]) for m in modules] + setup_stmts
+        known |= set(modules)
         self.checks: list[ast.Expression] = []
         probes: list[str] = []
         for stmt in tree.body:
@@ -121,15 +173,42 @@ class SplitTest:
             raise UnsplittableTestError(f"{source!r}: no assert")
         self.probes = probes
         self.setup = ast.unparse(ast.Module(body=setup_stmts, type_ignores=[]))
-        self._compiled = [compile(c, "<test>", "eval") for c in self.checks]
+        used = set().union(*(_loaded_names(ast.parse(p, mode="eval")) for p in probes)) if probes else set()
+        self.sandbox_setup = ast.unparse(ast.Module(body=_needed(setup_stmts, used), type_ignores=[]))
+        self.check_sources = [ast.unparse(c.body) for c in self.checks]
+
+    def request(self, values: Sequence[Any]) -> dict[str, Any]:
+        """What the judge gets: the setup, the checks and the encoded values the sandbox reported."""
+        return {"setup": self.setup, "checks": self.check_sources, "values": list(values)}
 
     def verdict(self, values: Sequence[Any]) -> bool:
-        """Evaluate the checks on the decoded probe values, here, with nothing from the completion but data."""
-        ns: dict[str, Any] = {"__builtins__": builtins}
-        exec(compile(self.setup, "<test setup>", "exec"), ns)
-        for i, v in enumerate(values):
-            ns[f"{_PROBE_PREFIX}{i}"] = v
-        return all(bool(eval(c, ns)) for c in self._compiled)
+        """Evaluate the checks on decoded probe values here, in this process and without limits (the
+        reward asks the judge instead: ``Sandbox.verdicts``)."""
+        return _verdict(self.setup, self.check_sources, values)
+
+
+@functools.lru_cache(maxsize=4096)
+def _split(source: str, setup: str) -> SplitTest:
+    return SplitTest(source, setup)
+
+
+def _setup_text(setup: Any) -> str:
+    """Setup code from a dataset cell: code, a list of lines, or such a list stored as its text."""
+    if setup is None:
+        return ""
+    if isinstance(setup, (list, tuple)) and all(isinstance(x, str) for x in setup):
+        return "\n".join(setup)
+    if not isinstance(setup, str):
+        raise UnsplittableTestError(f"setup {setup!r:.80}: neither code nor a list of lines")
+    try:
+        body = ast.parse(setup).body
+    except SyntaxError:
+        return setup
+    if len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, (ast.List, ast.Tuple)):
+        items = body[0].value.elts
+        if items and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in items):
+            return "\n".join(e.value for e in items)  # type: ignore[attr-defined]
+    return setup
 
 
 def _norm_output(s: str) -> list[str]:
@@ -184,31 +263,33 @@ class UnitTestReward:
             except Exception as exc:  # never kill the training step over one example
                 self._warn_once(f"{type(exc).__name__}: {exc}")
                 plans.append(None)
+        sandbox = self.sandbox
         try:
-            results = self.sandbox.map(jobs) if jobs else []
+            results = sandbox.map(jobs) if jobs else []
+            passed = [0] * len(plans)
+            asked: list[tuple[int, dict[str, Any]]] = []
+            for n, plan in enumerate(plans):
+                for kind, test, job_index, test_index in plan or ():
+                    res = results[job_index][test_index]
+                    if kind == "stdio":
+                        passed[n] += int(res.status == "exit" and res.code == 0 and res.ok
+                                         and _norm_output(res.stdout) == _norm_output(test))
+                    elif self._reported(test, res):
+                        asked.append((n, test.request(res.values)))
+            for (n, _), ok in zip(asked, sandbox.verdicts([req for _, req in asked], self.limits)):
+                passed[n] += int(ok)
+        except SandboxRefused:
+            raise  # no isolation on this machine: refuse, in one line, rather than score
         except Exception as exc:
             self._warn_once(f"sandbox failed: {type(exc).__name__}: {exc}")
             return [None] * len(completions)
-        out: list[float | None] = []
-        for plan in plans:
-            if plan is None:
-                out.append(None)
-                continue
-            passed = 0
-            for kind, test, job_index, test_index in plan:
-                res = results[job_index][test_index]
-                try:
-                    passed += int(self._passed(kind, test, res))
-                except Exception:
-                    pass  # a check that cannot be evaluated on these values did not pass
-            out.append(passed / len(plan))
-        return out
+        return [None if plan is None else passed[n] / len(plan) for n, plan in enumerate(plans)]
 
     def _plan(self, completion: Any, kwargs: Mapping[str, Any], i: int, jobs: list[dict[str, Any]]) -> list[Any] | None:
         tests = self._tests_for(kwargs, i)
         if tests is None:
             return None
-        setup = row_value(kwargs, self.setup_column or "test_setup_code", i) or ""
+        setup = _setup_text(row_value(kwargs, self.setup_column or "test_setup_code", i))
         if isinstance(tests, str) and tests.lstrip()[:1] in ("[", "{"):  # JSON-encoded, as datasets often store them
             try:
                 tests = json.loads(tests)
@@ -218,7 +299,7 @@ class UnitTestReward:
             tests = [{"input": a, "output": b} for a, b in zip(tests["inputs"], tests["outputs"])]  # APPS' input_output
         if isinstance(tests, str):  # one string of statements: each assert is a test, the rest is setup
             body = ast.parse(tests).body
-            setup = "\n".join([str(setup)] + [ast.unparse(s) for s in body if not isinstance(s, ast.Assert)])
+            setup = "\n".join([setup] + [ast.unparse(s) for s in body if not isinstance(s, ast.Assert)])
             tests = [ast.unparse(s) for s in body if isinstance(s, ast.Assert)]
         if not isinstance(tests, (list, tuple)) or not tests:
             return None
@@ -230,8 +311,8 @@ class UnitTestReward:
                 job_tests.append({"stdin": str(t["input"])})
                 plan.append(("stdio", str(t["output"]), len(jobs), len(job_tests) - 1))
             elif isinstance(t, str):
-                split = SplitTest(t, str(setup))
-                job_tests.append({"probes": split.probes, "setup": split.setup})
+                split = _split(t, setup)
+                job_tests.append({"probes": split.probes, "setup": split.sandbox_setup})
                 plan.append(("assert", split, len(jobs), len(job_tests) - 1))
             else:
                 raise UnsplittableTestError(f"unsupported test {t!r:.80}")
@@ -239,16 +320,9 @@ class UnitTestReward:
         return plan
 
     @staticmethod
-    def _passed(kind: str, test: Any, res: Any) -> bool:
-        if kind == "stdio":
-            return res.status == "exit" and res.code == 0 and res.ok and _norm_output(res.stdout) == _norm_output(test)
-        if not res.ok or res.values is None or len(res.values) != len(test.probes):
-            return False
-        try:
-            values = [decode_value(v) for v in res.values]
-        except ValueDecodeError:
-            return False
-        return test.verdict(values)
+    def _reported(test: SplitTest, res: JobResult) -> bool:
+        """The sandbox ran the code and reported one value per probe: the judge may decide."""
+        return res.ok and res.values is not None and len(res.values) == len(test.probes)
 
     def _warn_once(self, msg: str) -> None:
         seen = self.__dict__.setdefault("_warned", set())

@@ -48,6 +48,13 @@ def check_path(path: str | os.PathLike[str], wait: bool = False) -> str | None:
     With ``wait`` a path that does not exist yet is fine: the dashboard waits for the run.
     """
     p = Path(path)
+    try:
+        return _check(p, wait)
+    except OSError as exc:  # a folder on the way that the user cannot enter, say
+        return f"{p}: unreadable ({(exc.strerror or type(exc).__name__).lower()})"
+
+
+def _check(p: Path, wait: bool) -> str | None:
     target = p / RUN_FILE if p.is_dir() and (p / RUN_FILE).is_file() else p
     if not p.exists() and not p.is_symlink():
         if wait:
@@ -71,29 +78,42 @@ def check_path(path: str | os.PathLike[str], wait: bool = False) -> str | None:
 
 
 def _check_run_log(run_file: Path) -> str | None:
-    """A ``run.jsonl`` the dashboard can follow: readable, and its first complete line a record."""
+    """A ``run.jsonl`` the dashboard can follow: readable, and its first complete line a record
+    (read up to its newline, however long: a run log's first line is its header)."""
+    from grpo_monitor.core.runlog import LineSplitter
+
+    lines = LineSplitter()
     try:
         with open(run_file, "rb") as fh:
-            head = fh.read(_SNIFF)
+            while True:
+                chunk = fh.read(_SNIFF)
+                if not chunk:
+                    break
+                for lineno, line, why in lines.feed(chunk):
+                    if line is None:
+                        return f"{run_file}: not a run this tool reads (line {lineno}: {why})"
+                    if line.strip(b"\r"):
+                        return _not_a_run_log(run_file, line, lineno)
+                if lines.discarding:  # NUL bytes or a line beyond any record: not a run log
+                    return f"{run_file}: not a run this tool reads (line {lines.lineno}: {lines.why})"
     except IsADirectoryError:
         return f"{run_file}: not a run this tool reads (a folder named {RUN_FILE})"
     except OSError as exc:
         return f"{run_file}: unreadable ({(exc.strerror or type(exc).__name__).lower()})"
-    first, newline, _ = head.lstrip(b"\r\n").partition(b"\n")
-    if not newline:
-        # Empty, or a first line still being written: a run that is starting.
-        return None if not first or first.lstrip()[:1] == b"{" else _not_a_run_log(run_file, first)
-    return _not_a_run_log(run_file, first)
+    tail = lines.tail()
+    if tail is None or tail[1] is None or tail[1].lstrip()[:1] in (b"", b"{"):
+        return None  # empty, or a first line still being written: a run that is starting
+    return _not_a_run_log(run_file, tail[1], tail[0])
 
 
-def _not_a_run_log(run_file: Path, first: bytes) -> str | None:
+def _not_a_run_log(run_file: Path, first: bytes, lineno: int = 1) -> str | None:
     from grpo_monitor.core.runlog import RunLogError, parse_line
 
     try:
-        parse_line(first, f"{run_file}:1")
+        parse_line(first, f"{run_file}:{lineno}")
     except RunLogError as exc:
         what = str(exc).split(": ", 1)[-1]
-        return f"{run_file}: not a run this tool reads (line 1: {what})"
+        return f"{run_file}: not a run this tool reads (line {lineno}: {what})"
     return None
 
 
@@ -114,16 +134,17 @@ def run_watch(path: str | os.PathLike[str], wait: bool = False) -> None:
     from grpo_monitor.app.dashboard.app import WatchApp, is_run_path, replay_source
 
     records = None
+    warnings: list[str] = []
     if not wait and not is_run_path(Path(path)):
         # Read before the screen opens, so a log that fails deep inside leaves one line, not a
         # dashboard that opened and closed.
         try:
-            records = replay_source(path)
+            records = replay_source(path, warnings)
         except SourceError:
             raise
         except Exception as exc:
             raise SourceError(None, f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
-    app = WatchApp(path, wait=wait, records=records)
+    app = WatchApp(path, wait=wait, records=records, warnings=warnings)
     app.run()
     if app.error is not None and not wait:
         raise SourceError(None, app.error)

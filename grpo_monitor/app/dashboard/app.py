@@ -48,8 +48,9 @@ POLL_INTERVAL = 0.2
 THEMES = ("textual-dark", "textual-light")
 
 
-def replay_source(path: str | Path) -> list[dict[str, Any]]:
-    """A foreign log (or finished run) as run-log records, findings replayed by the engine.
+def replay_source(path: str | Path, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """A foreign log (or finished run) as run-log records, findings replayed by the engine; what
+    the reader said about the log (lines it skipped, ...) goes into ``warnings``.
 
     Raises ``monitor.sources.SourceError`` (one line) when the path is not a readable log.
     """
@@ -57,6 +58,8 @@ def replay_source(path: str | Path) -> list[dict[str, Any]]:
     from grpo_monitor.readers import load_source
 
     src = load_source(path)
+    if warnings is not None:
+        warnings.extend(src.warnings)
     ctx = src.context
     records: list[dict[str, Any]] = [
         {
@@ -107,9 +110,12 @@ def is_run_path(p: Path) -> bool:
     yet, or holds nothing but what a run writes before its first record)."""
     if p.name == RUN_FILE:
         return True
-    if not p.exists():
+    try:
+        if not p.exists():
+            return True
+        return p.is_dir() and ((p / RUN_FILE).is_file() or is_starting_run(p))
+    except OSError:  # cannot be looked into: the tailer waits for it and says why
         return True
-    return p.is_dir() and ((p / RUN_FILE).is_file() or is_starting_run(p))
 
 
 class DashboardScreen(Screen[None]):
@@ -244,10 +250,11 @@ class WatchApp(App[None]):
 
     def __init__(
         self, path: str | Path, poll_interval: float = POLL_INTERVAL, wait: bool = False,
-        records: list[dict[str, Any]] | None = None,
+        records: list[dict[str, Any]] | None = None, warnings: list[str] | None = None,
     ) -> None:
         super().__init__()
         self._replayed = records  # a foreign log already read by ``replay_source``
+        self._replay_warnings = list(warnings or [])  # what its reader said about it
         self.path = Path(path)
         self.poll_interval = poll_interval
         # Without ``wait`` a log that cannot be read closes the app (``run_watch`` then reports
@@ -273,37 +280,47 @@ class WatchApp(App[None]):
     # -- reading the run -------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="follow")
     def _follow(self) -> None:
+        try:
+            self._read_run()
+        except Exception as exc:  # whatever the files hold, one line on screen, never a worker traceback
+            text = " ".join(str(exc).split())
+            self.post_message(SourceFailed(f"{self.path}: cannot read ({type(exc).__name__}{': ' + text if text else ''})"))
+
+    def _read_run(self) -> None:
         worker = get_current_worker()
         wait = threading.Event()
         if self._replayed is not None:
-            self.post_message(RecordsArrived(self._replayed, caught_up=True))
+            self.post_message(RecordsArrived(self._replayed, warnings=self._replay_warnings, caught_up=True))
             return
         if not is_run_path(self.path):
+            warnings: list[str] = []
             try:
-                records = replay_source(self.path)
+                records = replay_source(self.path, warnings)
             except Exception as exc:  # SourceError, or a reader that is not there
                 self.post_message(SourceFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
                 if not self.path.is_dir():
                     return
                 # A folder without a log yet may still become a run directory: keep watching it.
             else:
-                self.post_message(RecordsArrived(records, caught_up=True))
+                self.post_message(RecordsArrived(records, warnings=warnings, caught_up=True))
                 return
         tailer = RunTailer(self.path, index_samples=True)
         caught_up = False
         last_wait: str | None = None
+        last_skipped = 0
         while not worker.is_cancelled:
             batch = tailer.poll()
             newly_caught_up = not batch.more and not caught_up and batch.waiting_for is None
-            if batch or newly_caught_up or batch.waiting_for != last_wait:
+            if batch or newly_caught_up or batch.waiting_for != last_wait or batch.skipped != last_skipped:
                 self.post_message(
                     RecordsArrived(
                         batch.records, warnings=batch.warnings, waiting_for=batch.waiting_for,
-                        caught_up=newly_caught_up, sample_indexes=batch.sample_indexes,
+                        caught_up=newly_caught_up, sample_indexes=batch.sample_indexes, skipped=batch.skipped,
                     )
                 )
                 caught_up |= newly_caught_up
                 last_wait = batch.waiting_for
+                last_skipped = batch.skipped
             if not batch.more:
                 wait.wait(self.poll_interval)
 
@@ -312,7 +329,9 @@ class WatchApp(App[None]):
         changed = model.ingest(message.records)
         if message.sample_indexes is not None and model.set_sample_indexes(message.sample_indexes):
             changed.add("samples")
-        model.warnings += message.warnings
+        first_warning = not model.warning_count
+        if model.warn(message.warnings, message.skipped) and first_warning and model.warnings:
+            self.notify(model.warnings[-1], title="the run's log has problems (see the header)", severity="warning", timeout=8)
         if message.waiting_for:
             self.status, self.status_role = f"waiting for {message.waiting_for}", "warning"
         elif model.source_format is not None:

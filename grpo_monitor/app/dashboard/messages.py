@@ -18,10 +18,12 @@ class RecordsArrived(Message):
         waiting_for: str | None = None,
         caught_up: bool = False,
         sample_indexes: list[Any] | None = None,
+        skipped: int | None = None,
     ) -> None:
         super().__init__()
         self.records = records
         self.warnings = warnings or []
+        self.skipped = skipped  # lines left out as not records so far, in every file followed
         self.waiting_for = waiting_for
         self.caught_up = caught_up  # everything on disk so far has been delivered
         self.sample_indexes = sample_indexes  # the samples files' step indexes (a run directory)

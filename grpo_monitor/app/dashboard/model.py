@@ -26,6 +26,7 @@ _REWARD_MEAN = re.compile(r"^rewards/(.+)/mean$")
 MOE_CAP = 4096  # load records kept for the heatmap; beyond it older ones are thinned by half
 SAMPLES_CAP = 200_000  # sample records held in memory (replayed logs); run directories are indexed
 STEP_CACHE = 8  # steps of samples kept parsed, for moving back and forth between them
+WARNINGS_KEPT = 200  # the newest warnings kept for the screen; all are counted
 
 
 def to_float(v: Any) -> float:
@@ -125,7 +126,11 @@ class RunModel:
         self._index_versions: tuple[int, ...] = ()
         self._step_cache: dict[int, tuple[int, list[dict[str, Any]]]] = {}
         self.summary: dict[str, Any] | None = None
+        # What the readers said (a line left out, a file that shrank) and the monitor's own warning
+        # notes (a write that failed, a detector that broke): the header shows them.
         self.warnings: list[str] = []
+        self.warning_count = 0
+        self.skipped = 0  # lines of the run's files left out as not records
         self.moe_steps: list[int] = []
         self.moe_load: list[np.ndarray] = []
         self.source_format: str | None = None  # set for logs that are not a run directory
@@ -217,6 +222,16 @@ class RunModel:
         return out
 
     # -- writing -----------------------------------------------------------------------------
+    def warn(self, warnings: Iterable[str], skipped: int | None = None) -> bool:
+        """Add what a reader said; True when there is something new to show."""
+        new = [str(w) for w in warnings]
+        self.warning_count += len(new)
+        self.warnings = (self.warnings + new)[-WARNINGS_KEPT:]
+        grew = skipped is not None and skipped != self.skipped
+        if skipped is not None:
+            self.skipped = skipped
+        return bool(new) or grew
+
     def ingest(self, records: Iterable[Mapping[str, Any]]) -> set[str]:
         changed: set[str] = set()
         pend_steps: list[int] = []
@@ -274,6 +289,10 @@ class RunModel:
             elif kind == "note":
                 self.notes.append(dict(rec))
                 changed.add("notes")
+                if rec.get("level") == "warning" and isinstance(rec.get("message"), str):
+                    step = rec.get("step")
+                    self.warn([f"{'step ' + str(step) + ': ' if type(step) is int else ''}{rec['message']}"])
+                    changed.add("header")
         flush()
         if "samples" in changed:
             if len(self.mem_samples) > SAMPLES_CAP:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_monitor.core.runlog import RUN_FILE, RunLogError, SampleIndex, parse_line
+from grpo_monitor.core.runlog import RUN_FILE, LineSplitter, RunLogError, SampleIndex, next_data, parse_line
 
 _SAMPLES_RE = re.compile(r"^samples\.rank(\d+)\.jsonl$")
 # One poll reads at most this much of one file, so a huge finished run arrives in batches
@@ -40,13 +40,19 @@ INDEX_BUDGET = 48 << 20
 
 
 class FileFollower:
-    """One JSON-lines file read incrementally by byte offset."""
+    """One JSON-lines file read incrementally by byte offset. A line that is not a record is left
+    out and counted (``skipped``), with a warning naming file and line; a line beyond any record's
+    size (or holding NUL bytes) is never held in memory."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
-        self.lineno = 0
-        self.partial = b""
+        self.lines = LineSplitter()
+        self.skipped = 0
+
+    @property
+    def lineno(self) -> int:
+        return self.lines.lineno
 
     def read(self, warnings: list[str], limit: int = MAX_READ) -> tuple[list[dict[str, Any]], bool]:
         """New complete records, and whether unread bytes remain past ``limit``."""
@@ -56,29 +62,31 @@ class FileFollower:
             return [], False
         if size < self.offset:  # replaced or truncated: start over rather than read garbage
             warnings.append(f"{self.path}: file shrank; reading it again from the start")
-            self.offset, self.lineno, self.partial = 0, 0, b""
+            self.offset, self.lines = 0, LineSplitter()
         if size == self.offset:
             return [], False
         try:
             with open(self.path, "rb") as fh:
+                if self.lines.discarding:  # inside a line left out: jump over holes, never read them
+                    self.offset = min(size, next_data(fh.fileno(), self.offset))
                 fh.seek(self.offset)
                 data = fh.read(min(limit, size - self.offset))
         except OSError as exc:
             warnings.append(f"{self.path}: cannot read ({exc.strerror or exc})")
             return [], False
         self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()  # bytes after the last newline: a line still being written
         records = []
-        for line in lines:
-            self.lineno += 1
-            if not line.strip():
-                continue
-            try:
-                records.append(parse_line(line, f"{self.path}:{self.lineno}"))
-            except RunLogError as exc:  # one bad line must not stop a live view
-                warnings.append(str(exc))
+        for lineno, line, why in self.lines.feed(data):
+            where = f"{self.path}:{lineno}"
+            if line is None:
+                self.skipped += 1
+                warnings.append(f"{where}: {why}: skipped")
+            elif line.strip():
+                try:
+                    records.append(parse_line(line, where))
+                except RunLogError as exc:  # one bad line must not stop a live view
+                    self.skipped += 1
+                    warnings.append(f"{exc}: skipped")
         return records, self.offset < size
 
 
@@ -92,6 +100,7 @@ class TailBatch:
     more: bool = False  # unread bytes remain: poll again at once
     sample_indexes: list[SampleIndex] = field(default_factory=list)
     samples_grew: bool = False
+    skipped: int = 0  # lines left out as not records, in every file followed so far
 
     def __bool__(self) -> bool:
         return bool(self.records or self.warnings or self.samples_grew)
@@ -109,7 +118,9 @@ class RunTailer:
         self._files: dict[Path, FileFollower] = {}
         self.index_samples = index_samples
         self.indexes: dict[Path, SampleIndex] = {}
-        self._index_warned: dict[Path, int] = {}
+        self._index_warned: dict[Path, tuple[int, int]] = {}  # warnings and skip messages passed on
+        self._said: set[str] = set()
+        self.skipped = 0
 
     def _follower(self, path: Path) -> FileFollower:
         f = self._files.get(path)
@@ -123,13 +134,24 @@ class RunTailer:
         c = Path(child)
         return c if c.is_absolute() else parent / c
 
+    def _say_once(self, batch: TailBatch, line: str) -> None:
+        if line not in self._said:
+            self._said.add(line)
+            batch.warnings.append(line)
+
     def poll(self) -> TailBatch:
         batch = TailBatch()
         for d in list(self.dirs):  # the list grows while we read when a restart names a child
             run_file = d / RUN_FILE
-            if not run_file.is_file():
+            try:
+                present = run_file.is_file()
+                missing = str(run_file if d.is_dir() else d)
+            except OSError as exc:  # a folder on the way that cannot be entered: wait, and say why
+                present, missing = False, str(d)
+                self._say_once(batch, f"{d}: cannot read ({exc.strerror or exc})")
+            if not present:
                 if batch.waiting_for is None:
-                    batch.waiting_for = str(run_file if d.is_dir() else d)
+                    batch.waiting_for = missing
                 continue
             records, more = self._follower(run_file).read(batch.warnings)
             batch.more |= more
@@ -150,9 +172,6 @@ class RunTailer:
                 before = idx.version
                 batch.more |= idx.scan(budget=INDEX_BUDGET)
                 batch.samples_grew |= idx.version != before
-                seen = self._index_warned.get(d, 0)
-                batch.warnings.extend(idx.warnings[seen:])
-                self._index_warned[d] = len(idx.warnings)
                 continue
             try:
                 names = sorted(os.listdir(d))
@@ -164,4 +183,12 @@ class RunTailer:
                     batch.more |= more
                     batch.records.extend(r for r in recs if r["type"] == "sample")
         batch.sample_indexes = [self.indexes[d] for d in self.dirs if d in self.indexes]
+        for d, idx in self.indexes.items():
+            # The index finds bad lines as it scans, and as the screen loads a step's samples.
+            seen_w, seen_s = self._index_warned.get(d, (0, 0))
+            batch.warnings.extend(idx.warnings[seen_w:])
+            batch.warnings.extend(f"{w}: skipped" for w in idx.skipped.where[seen_s:])
+            self._index_warned[d] = (len(idx.warnings), len(idx.skipped.where))
+        self.skipped = sum(f.skipped for f in self._files.values()) + sum(i.skipped.count for i in self.indexes.values())
+        batch.skipped = self.skipped
         return batch

@@ -86,6 +86,26 @@ class RunHeader(Static):
         self._judged_key, self._judged = key, judged
         return judged
 
+    WARNING_CHARS = 200
+
+    def _warnings(self, model: RunModel) -> str | None:
+        """One line: how many warnings the readers and the run's notes gave, how many lines of the
+        run's files were left out as not records, and the newest warning."""
+        if not model.warning_count and not model.skipped:
+            return None
+        parts = []
+        if model.warning_count:
+            parts.append(f"{model.warning_count} warning{'s' if model.warning_count != 1 else ''}")
+        if model.skipped:
+            parts.append(f"{model.skipped} unreadable record{'s' if model.skipped != 1 else ''} skipped")
+        text = "⚠ " + " · ".join(parts)
+        if model.warnings:
+            latest = visible(model.warnings[-1])
+            if len(latest) > self.WARNING_CHARS:
+                latest = latest[: self.WARNING_CHARS - 1] + "…"
+            text += f" — latest: {latest}"
+        return text
+
     def show(self, model: RunModel, status: str, status_role: str) -> None:
         self._shown = (model, status, status_role)
         app = self.app
@@ -137,6 +157,10 @@ class RunHeader(Static):
             first = False
         if first:
             t.append("no configuration recorded", role_style(app, "muted"))
+        warned = self._warnings(model)
+        if warned:
+            t.append("\n")
+            t.append(warned, role_style(app, "warning"))
         if t == self._last:
             return
         # A new step number must not cost a layout pass over the whole screen: only a change in
