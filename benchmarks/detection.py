@@ -21,10 +21,13 @@ rlwatch is looked up in the current interpreter, then in ``.venv-bench`` (a venv
 ``python -m venv --system-site-packages .venv-bench`` and ``pip install rlwatch==0.5.1``). Without
 it the comparison columns read "n/a".
 
-    python benchmarks/detection.py [--seeds 5] [--history 100000] [--cost-only]
+    python benchmarks/detection.py [--seeds 5] [--history 100000] [--cost-only] [--forecast-only]
 
 ``--cost-only`` measures the cost alone and rewrites only the cost part of the section (with the
-per-detector breakdown of ``benchmarks/detector_cost.py``).
+per-detector breakdown of ``benchmarks/detector_cost.py``). ``--forecast-only`` writes the section
+``forecast`` alone: how many findings carry their cost and a time-to-failure forecast, the lead time the
+forecasts give before the labelled failure step and their hit rate (the failure, and the limit itself,
+came within the stated range).
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ from grpo_monitor.detectors import ALL_DETECTORS
 from grpo_monitor.fixtures.synthetic import CASES, FAILURES, HEALTHY, generate
 from grpo_monitor.core.engine import Engine
 
-REAL = ROOT.parent / "shared" / "real-runs"
+# ../shared beside the checkout; GRPO_MONITOR_SHARED points elsewhere (as for the tests).
+REAL = Path(os.environ.get("GRPO_MONITOR_SHARED") or ROOT.parent / "shared") / "real-runs"
 ALARM = ("warning", "critical")
 # rlwatch's TRL callback mapping (rlwatch/core.py, _build_trl_callback): first name present wins.
 RLWATCH_MAP = {
@@ -422,15 +426,149 @@ def first_alarms(out: Outcome, k: int = 3) -> str:
     return "; ".join(parts) or "none"
 
 
+# --- cost and time to failure (their own section, `forecast`) ----------------------------------------
+
+WILD = REAL / "wild"
+
+
+def first_crossing(steps: list, metric: str, limit: float, direction: str, after: int) -> int | None:
+    """The first logged step after ``after`` where the median of the point and its two neighbours in ``metric``
+    is past ``limit`` (one noisy point does not count as reaching it)."""
+    pts = [(s, m.get(metric)) for s, m in steps if s >= after and isinstance(m.get(metric), (int, float))]
+    for i in range(1, len(pts) - 1):
+        v = statistics.median(x for _, x in pts[i - 1:i + 2])
+        if pts[i][0] > after and ((v >= limit) if direction == "up" else (v <= limit)):
+            return pts[i][0]
+    return None
+
+
+def forecast_rows(case: Case) -> tuple[list[dict], dict]:
+    """Every forecast on a case's warning/critical findings (with the step its limit was in fact reached),
+    and how many of those findings carry a cost and a forecast."""
+    from grpo_monitor.core.forecast import TARGETS
+
+    engine = Engine(case.context, [cls() for cls in ALL_DETECTORS])
+    for step, metrics in case.steps:
+        engine.update(step, metrics, case.samples.get(step, []))
+    alarms = [f for f in engine.findings if f.severity in ALARM]
+    counts = {"findings": len(alarms), "with_cost": sum("cost" in f.evidence for f in alarms),
+              "with_wall": sum((f.evidence.get("cost") or {}).get("wall_seconds") is not None for f in alarms),
+              "with_gpu_hours": sum((f.evidence.get("cost") or {}).get("gpu_hours") is not None for f in alarms),
+              "with_forecast": sum("forecast" in f.evidence for f in alarms)}
+    rows = []
+    direction = {t.metric: t.direction for t in TARGETS}
+    for f in alarms:
+        fc = f.evidence.get("forecast")
+        if not fc:
+            continue
+        lo, hi = fc["at_steps"]
+        crossed = first_crossing(case.steps, fc["metric"], fc["limit"], direction[fc["metric"]], f.step)
+        fail = case.labels.get("fail")
+        rows.append({"case": case.name, "detector": f.detector, "step": f.step, "metric": fc["metric"],
+                     "at": fc["at_step"], "lo": lo, "hi": hi, "crossed": crossed, "fail": fail,
+                     # The crossing is seen at the first logged point past it: a log every k steps sees it up
+                     # to k steps late.
+                     "hit_limit": crossed is not None and lo <= crossed < hi + case.logging_gap,
+                     "before_fail": fail is not None and f.step <= fail,
+                     "hit_fail": fail is not None and f.step <= fail and lo <= fail <= hi,
+                     "expected": f.detector in (case.labels.get("expect") or [])})
+    return rows, counts
+
+
+def wild_runs() -> list[tuple[str, Any, dict]]:
+    """The public runs of ``real-runs/wild`` through ``analyze`` as a user runs it: (name, report, labels)."""
+    labels_path = WILD / "labels.json"
+    if not labels_path.exists():
+        return []
+    from grpo_monitor.analysis.report import analyze_one
+
+    out = []
+    for name, labels in sorted(json.loads(labels_path.read_text()).items()):
+        out.append((name, analyze_one(WILD / labels["file"]), labels))
+    return out
+
+
+def render_forecast(rows: list[dict], counts: dict, real_counts: dict, seeds: int, elapsed: float) -> str:
+    made = [r for r in rows if r["expected"]]
+    first: dict[str, dict] = {}
+    for r in made:
+        first.setdefault(r["case"], r)
+    before = [r for r in first.values() if r["before_fail"]]
+    leads = [r["fail"] - r["step"] for r in before]
+    fail_cases = sum(1 for c in counts["cases"] if c)
+    pct = lambda a, b: f"{a}/{b}" + (f" ({100 * a / b:.0f}%)" if b else "")
+    lines = [
+        "## Cost and time to failure (`benchmarks/detection.py --forecast-only`)", "", stamp(), "",
+        (f"Every labelled synthetic case × logging_steps 1 and 10 × {seeds} seeds, plus the public runs (the three of "
+         f"`real-runs` through the engine, the {real_counts['runs']} of `real-runs/wild` through `analyze`), {elapsed:.0f} s. "
+         "Cost and forecast are put on each warning/critical finding by the engine's annotators (`core.cost`, "
+         "`core.forecast`)."), "",
+        "| | labelled synthetic cases | public runs |", "|---|---|---|",
+        f"| warning/critical findings | {counts['findings']} | {real_counts['findings']} |",
+        f"| with `evidence.cost` | {pct(counts['with_cost'], counts['findings'])} | {pct(real_counts['with_cost'], real_counts['findings'])} |",
+        f"| with wall time (a clock, `step_time` or `train_runtime` in the log) | {pct(counts['with_wall'], counts['findings'])} | {pct(real_counts['with_wall'], real_counts['findings'])} |",
+        f"| with GPU-hours (the device count too: a run header's world size, or `--devices`; none here) | {pct(counts['with_gpu_hours'], counts['findings'])} | {pct(real_counts['with_gpu_hours'], real_counts['findings'])} |",
+        f"| with `evidence.forecast` (a trend heading for its limit, interval tight enough) | {pct(counts['with_forecast'], counts['findings'])} | {pct(real_counts['with_forecast'], real_counts['findings'])} |",
+        "",
+        "Forecasts on the expected detector's findings of the failure cases:", "",
+        "| | |", "|---|---|",
+        f"| failure runs whose expected finding carried a forecast | {len(first)} of {fail_cases} |",
+        f"| ... made at or before the labelled `fail` step | {len(before)} |",
+        f"| median lead time of those forecasts (steps before `fail`) | {fmt(statistics.median(leads)) if leads else 'n/a'} |",
+        f"| hit rate: the labelled failure came within the stated range | {pct(sum(r['hit_fail'] for r in before), len(before))} |",
+        f"| hit rate: the series reached its limit within the stated range (every forecast) | {pct(sum(r['hit_limit'] for r in made), len(made))} |",
+        f"| ... the limit was never reached in the logged run (censored) | {sum(r['crossed'] is None for r in made)} |",
+        "",
+        "| case | finding at | series | stated range (steps) | limit reached at | labelled fail |", "|---|---|---|---|---|---|",
+    ]
+    for r in list(first.values())[:24]:
+        lines.append(f"| {r['case']} | {r['detector']} @{r['step']} | `{r['metric']}` | {r['lo']}–{r['hi']} | "
+                     f"{r['crossed'] if r['crossed'] is not None else 'not reached'} | {r['fail']} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def forecast_only(seeds: int, no_write: bool) -> int:
+    t0 = time.time()
+    rows: list[dict] = []
+    counts = {"findings": 0, "with_cost": 0, "with_wall": 0, "with_gpu_hours": 0, "with_forecast": 0, "cases": []}
+    real = {"findings": 0, "with_cost": 0, "with_wall": 0, "with_gpu_hours": 0, "with_forecast": 0, "runs": 0}
+    for case in load_cases(seeds):
+        r, c = forecast_rows(case)
+        target = real if case.kind == "real" else counts
+        for k in ("findings", "with_cost", "with_wall", "with_gpu_hours", "with_forecast"):
+            target[k] += c[k]
+        if case.kind != "real":
+            counts["cases"].append(bool(case.labels.get("expect")))
+            rows += r
+    for _, report, _ in wild_runs():
+        real["runs"] += 1
+        alarms = [f for f in report.findings if f.severity in ALARM]
+        real["findings"] += len(alarms)
+        real["with_cost"] += sum("cost" in f.evidence for f in alarms)
+        real["with_wall"] += sum((f.evidence.get("cost") or {}).get("wall_seconds") is not None for f in alarms)
+        real["with_gpu_hours"] += sum((f.evidence.get("cost") or {}).get("gpu_hours") is not None for f in alarms)
+        real["with_forecast"] += sum("forecast" in f.evidence for f in alarms)
+    body = render_forecast(rows, counts, real, seeds, time.time() - t0)
+    print(body)
+    if not no_write:
+        update_section("forecast", body)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--history", type=int, default=100_000)
     ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     ap.add_argument("--cost-only", action="store_true", help="measure the per-step cost only and rewrite only its lines")
+    ap.add_argument("--forecast-only", action="store_true",
+                    help="only the findings' cost and time-to-failure figures (their own section)")
     args = ap.parse_args(argv)
     if args.cost_only:
         return cost_only(args.history, args.no_write)
+    if args.forecast_only:
+        return forecast_only(args.seeds, args.no_write)
     t0 = time.time()
     rlwatch, where = import_rlwatch()
     cases = load_cases(args.seeds)

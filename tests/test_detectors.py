@@ -47,6 +47,9 @@ EXPECTED_VARIANT = {
     "language_mixing": None,
     "memory_pressure": None,
     "stall": None,
+    "train_eval_divergence": None,
+    "eval_drop": None,
+    "kl_pinned": None,
 }
 # Detectors whose findings may be information only (a fact about the run, a plateau without a cause).
 MAY_INFORM = {"moe_model_detected", "no_improvement"}
@@ -73,6 +76,9 @@ TRIGGER = {
     "language_mixing": "k19_language_mixing",
     "memory_pressure": "k17_memory_grows_to_capacity",
     "stall": "k18_stall_at_weight_sync",
+    "train_eval_divergence": "k4_proxy_hack_after_plateau",
+    "eval_drop": "k9_validation_drop",
+    "kl_pinned": "kl_pinned_adapter_not_applied",
 }
 METRIC_KEYS = [
     "loss", "grad_norm", "learning_rate", "entropy", "reward", "reward_std", "frac_reward_zero_std",

@@ -80,10 +80,9 @@ def test_reward_components_and_non_finite_codec():
         ("Fmt", "rewards/fmt/mean"),
         ("KL_ref", "kl"),
         ("format_reward", "rewards/format_reward/mean"),
-        # left alone: evaluation columns, prompt lengths, other statistics, TRL's own names
-        ("val_acc_mean1", "val_acc_mean1"),
-        ("test/env/all/reward/total", "test/env/all/reward/total"),
-        ("val_reward", "val_reward"),
+        # left alone: evaluation columns that are not a held-out score, prompt lengths, other statistics, TRL's own names
+        ("eval/loss", "eval/loss"),
+        ("val-aux/num_turns/mean", "val-aux/num_turns/mean"),
         ("prompt_length/mean", "prompt_length/mean"),
         ("seq_len/mean", "seq_len/mean"),
         ("entropy/max", "entropy/max"),
@@ -93,6 +92,32 @@ def test_reward_components_and_non_finite_codec():
     ],
 )
 def test_export_spellings_map_by_kind(raw, canonical):
+    assert normalize(raw) == canonical
+
+
+@pytest.mark.parametrize(
+    ("raw", "canonical"),
+    [
+        # TRL's own evaluation names are canonical; TensorBoard's eval/ prefix and old TRL's component names map onto them
+        ("eval_reward", "eval_reward"),
+        ("eval_rewards/accuracy_reward/mean", "eval_rewards/accuracy_reward/mean"),
+        ("eval/reward", "eval_reward"),
+        ("eval/rewards/accuracy_reward/mean", "eval_rewards/accuracy_reward/mean"),
+        ("eval_rewards/accuracy_reward", "eval_rewards/accuracy_reward/mean"),
+        # verl: one score per data source
+        ("val/test_score/openai/gsm8k", "eval_reward"),
+        ("val-core/openai/gsm8k/acc/mean@1", "eval_accuracy"),
+        ("val-aux/openai/gsm8k/reward/mean@1", "eval_reward"),
+        # Tinker, Trinity-RFT, custom loops
+        ("test/env/all/reward/total", "eval_reward"),
+        ("val_acc_mean1", "eval_accuracy"),
+        ("val_reward", "eval_reward"),
+        ("test_score", "eval_reward"),
+        ("val/acc", "eval_accuracy"),
+        ("Val Score", "eval_reward"),
+    ],
+)
+def test_held_out_scores_map_onto_two_eval_names(raw, canonical):
     assert normalize(raw) == canonical
 
 

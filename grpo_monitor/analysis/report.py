@@ -33,7 +33,8 @@ from grpo_monitor.core.exit_codes import ExitCode
 from grpo_monitor.analysis.explain import clipping_never_fired
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
-CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm")
+CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm",
+          "kl", "eval_reward", "eval_accuracy")
 VERDICTS = ("healthy", "incomplete", "cannot_judge", "warning", "critical")
 _BARS = "▁▂▃▄▅▆▇█"
 # The inputs the failure detectors read, in the order a user would map them.
@@ -54,6 +55,18 @@ MAP_TARGETS = {
     "format": "rewards/format/mean",
     "zero_std": "frac_reward_zero_std",
 }
+
+
+@dataclass
+class Costing:
+    """What the cost figures need beyond the log: the price of a GPU-hour and, where the log does not say
+    it, the device count."""
+
+    gpu_hour_price: float | None = None
+    devices: int | None = None
+
+
+ANNOTATIONS = ("cost", "forecast")
 
 
 @dataclass
@@ -86,6 +99,9 @@ class RunReport:
     # the steps the run logged, those missing from the log included.
     not_written: dict[str, Any] | None = None
     steps_logged: int | None = None
+    # What the run spent (``run``) and what each warning/critical finding cost from its onset to the end of
+    # the run (``findings``, in the order of ``findings``; ``core.cost``).
+    cost: dict[str, Any] = field(default_factory=dict)
 
     @property
     def judged_by(self) -> list[str]:
@@ -152,6 +168,8 @@ class RunReport:
             out["steps_logged"] = self.steps_logged
         # Explanations of normal behaviour under their own key: "notes" has carried the read warnings.
         out["normal"] = list(self.notes)
+        if self.cost:
+            out["cost"] = dict(self.cost)
         return out
 
 
@@ -310,9 +328,18 @@ def replay(src: Any, detectors: Sequence[Any] | None = None) -> tuple[list[Findi
 
 
 def replay_with_coverage(
-    src: Any, detectors: Sequence[Any] | None = None, names: Sequence[str] | None = None
+    src: Any, detectors: Sequence[Any] | None = None, names: Sequence[str] | None = None,
+    costing: Costing | None = None, engine_out: list[Any] | None = None,
 ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    engine = Engine(src.context, detectors)
+    from grpo_monitor.core.cost import CostMeter
+    from grpo_monitor.core.forecast import Forecaster
+
+    costing = costing or Costing()
+    engine = Engine(src.context, detectors, annotators=[
+        CostMeter(devices=costing.devices or run_devices(src), gpu_hour_price=costing.gpu_hour_price,
+                  runtime=run_runtime(src)), Forecaster()])
+    if engine_out is not None:
+        engine_out.append(engine)
     engine.replay(src.steps, src.samples)
     # A segment of a restarted lineage: what earlier segments tried is shown as tried, not dropped.
     header = getattr(getattr(src, "run", None), "header", None)
@@ -328,6 +355,42 @@ def replay_with_coverage(
             if c["status"] in ("judged", "too_few_points", "missing_inputs"):
                 c["status"], c["reason"] = "missing_inputs", "no logged step"
     return engine.findings, recs, coverage
+
+
+def run_devices(src: Any) -> int | None:
+    """The device count a run directory's header records (``world_size``), else None."""
+    header = getattr(getattr(src, "run", None), "header", None) or {}
+    n = header.get("world_size")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+
+
+def run_runtime(src: Any) -> tuple[float, int] | None:
+    """``train_runtime`` of the run's final summary and the steps it covered, where the log kept it."""
+    summary = getattr(getattr(src, "run", None), "summary", None)
+    metrics = (summary or {}).get("metrics") if isinstance(summary, Mapping) else None
+    metrics = metrics or (src.meta.get("summary") if isinstance(getattr(src, "meta", None), Mapping) else None) or {}
+    runtime = metrics.get("train_runtime") if isinstance(metrics, Mapping) else None
+    if isinstance(runtime, (int, float)) and not isinstance(runtime, bool) and runtime > 0 and src.steps:
+        return float(runtime), int(src.steps[-1][0])
+    return None
+
+
+def cost_summary(engine: Any, findings: Sequence[Finding]) -> dict[str, Any]:
+    """The run's spend and each warning/critical finding's cost from its onset to the run's last step."""
+    from grpo_monitor.core.cost import CostMeter
+
+    meter = engine.annotator(CostMeter) if engine is not None else None
+    if meter is None or meter.last_step is None or not len(meter.steps):
+        return {}
+    last = meter.last_step
+    out: dict[str, Any] = {"run": meter.between(int(meter.steps[0]), last), "findings": []}
+    for f in findings:
+        if f.severity == "info":
+            continue
+        since = f.onset_step if f.onset_step is not None else f.step
+        out["findings"].append({"detector": f.detector, "severity": f.severity, "step": f.step,
+                                "to_end": meter.between(min(int(since), f.step), last)})
+    return out
 
 
 def config_findings(src: Any) -> list[Finding]:
@@ -405,13 +468,13 @@ def _read_target(src: Any, path: Any) -> str:
 
 def analyze_one(path: str | os.PathLike[str], detectors: Sequence[Any] | None = None,
                 logging_steps: int | None = None, mapping: Mapping[str, str] | None = None,
-                model: str | Mapping[str, Any] | None = None) -> RunReport:
-    return analyze_run(path, detectors, logging_steps, mapping, model)[0]
+                model: str | Mapping[str, Any] | None = None, costing: Costing | None = None) -> RunReport:
+    return analyze_run(path, detectors, logging_steps, mapping, model, costing)[0]
 
 
 def analyze_run(path: str | os.PathLike[str], detectors: Sequence[Any] | None = None,
                 logging_steps: int | None = None, mapping: Mapping[str, str] | None = None,
-                model: str | Mapping[str, Any] | None = None) -> list[RunReport]:
+                model: str | Mapping[str, Any] | None = None, costing: Costing | None = None) -> list[RunReport]:
     """The reports of one path: one run, or each run of a file that holds several (a ``run.jsonl``
     written twice, a results file with one run per arm). ``model`` (a hub id, a local model folder, or
     model facts as ``model_facts`` gives them) is the model the run trained, in place of what the log says."""
@@ -425,7 +488,7 @@ def analyze_run(path: str | os.PathLike[str], detectors: Sequence[Any] | None = 
         reports = []
         for label, part in parts:
             set_model(part, facts, override=True)
-            reports.append(_report(label, *prepare_names(part, mapping), detectors, path))
+            reports.append(_report(label, *prepare_names(part, mapping), detectors, path, costing))
     return reports
 
 
@@ -441,9 +504,11 @@ def model_facts_of(model: str | Mapping[str, Any] | None) -> dict[str, Any] | No
     return model_from_spec(str(model))
 
 
-def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | None, path: Any) -> RunReport:
+def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | None, path: Any,
+            costing: Costing | None = None) -> RunReport:
     names = names_with_values(src.steps, logged)
-    findings, recs, coverage = replay_with_coverage(src, detectors, names)
+    engines: list[Any] = []
+    findings, recs, coverage = replay_with_coverage(src, with_recorded_rules(src, detectors), names, costing, engines)
     status, note = run_status(src)
     warnings = list(src.warnings)
     skipped = None
@@ -478,7 +543,33 @@ def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | 
         skipped=skipped,
         not_written=loss.to_dict() if loss is not None else None,
         steps_logged=len(src.steps) + loss.steps if loss is not None else None,
+        cost=cost_summary(engines[0] if engines else None, findings),
     )
+
+
+def with_recorded_rules(src: Any, detectors: Sequence[Any] | None) -> Sequence[Any] | None:
+    """The detectors to replay, with the team rules a run directory's header recorded (the live run judged
+    by them, so its replay does too) where ``detectors`` does not already hold a rule of that id."""
+    header = getattr(getattr(src, "run", None), "header", None) or {}
+    recorded = header.get("rules")
+    if not recorded:
+        return detectors
+    from grpo_monitor.core.rules import rules_from_data
+
+    try:
+        rules = rules_from_data(recorded, "the run header's rules")
+    except ValueError as exc:
+        src.warnings.append(f"not replayed: {exc}")
+        return detectors
+    base = list(detectors) if detectors is not None else [cls() for cls in _all_detectors()]
+    have = {d.id for d in base}
+    return base + [r for r in rules if r.id not in have]
+
+
+def _all_detectors() -> list[Any]:
+    from grpo_monitor.detectors import ALL_DETECTORS
+
+    return list(ALL_DETECTORS)
 
 
 def _notes(src: Any) -> list[dict[str, Any]]:
@@ -736,20 +827,37 @@ def _loose_logs(d: Path) -> list[Path]:
 
 def analyze(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], detectors: Sequence[Any] | None = None,
             logging_steps: int | None = None, mapping: Mapping[str, str] | Sequence[str] | None = None,
-            model: str | Mapping[str, Any] | None = None) -> Report:
+            model: str | Mapping[str, Any] | None = None, gpu_hour_price: float | None = None,
+            devices: int | None = None, rules: Any = None) -> Report:
     """Analyse one path or several (a restarted run: every segment; a folder of runs: each run);
     raises ``readers.SourceError`` for a path given that cannot be read (a run inside a
     folder that cannot be read is listed in ``Report.errors``). ``mapping`` maps the log's column
     names onto the monitor's (``{"score_mean": "reward"}``). ``model`` names the model the runs
     trained (``"Qwen/Qwen3-30B-A3B"``, a local model folder) where the log does not say it or says
-    it wrong: an MoE model gets GSPO offline as it does live."""
+    it wrong: an MoE model gets GSPO offline as it does live. ``gpu_hour_price`` puts money on the cost
+    figures, ``devices`` the device count where the log does not record it; ``rules`` (a rule file's path, or
+    its rules as dicts) adds a team's checks to the detectors (``core.rules``)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return _analyze_all(paths, detectors, logging_steps, parse_mapping(mapping), model=model_facts_of(model))
+    return _analyze_all(paths, with_rules(detectors, rules), logging_steps, parse_mapping(mapping),
+                        model=model_facts_of(model), costing=Costing(gpu_hour_price, devices))
+
+
+def with_rules(detectors: Sequence[Any] | None, rules: Any) -> Sequence[Any] | None:
+    """``detectors`` (the built-in set when None) plus the rule detectors ``rules`` names; raises ValueError
+    for a rule file that cannot be used."""
+    if rules is None:
+        return detectors
+    from grpo_monitor.core.rules import load_rules
+
+    built = load_rules(rules)
+    base = list(detectors) if detectors is not None else [cls() for cls in _all_detectors()]
+    return base + built
 
 
 def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[Any] | None, logging_steps: int | None,
-                 mapping: Any, say: Any = None, model: dict[str, Any] | None = None) -> Report:
+                 mapping: Any, say: Any = None, model: dict[str, Any] | None = None,
+                 costing: Costing | None = None) -> Report:
     """Every run under ``paths``: a loose file that does not read is skipped, a run found beneath that
     does not read is listed in ``Report.errors``, a path given that does not read raises SourceError.
     With ``say`` (the CLI), each unreadable run's line goes to it first, and any other exception
@@ -762,7 +870,7 @@ def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[An
             report.skipped.append((p, "cannot be entered or read (permission denied)"))
             continue
         try:
-            report.runs.extend(_runs_of(p, how, report, detectors, logging_steps, mapping, model))
+            report.runs.extend(_runs_of(p, how, report, detectors, logging_steps, mapping, model, costing))
         except SourceError as exc:
             if how == "loose":
                 report.skipped.append((p, str(exc)))
@@ -784,10 +892,10 @@ def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[An
 
 
 def _runs_of(p: str, how: str, report: Report, detectors: Sequence[Any] | None, logging_steps: int | None,
-             mapping: Any, model: dict[str, Any] | None = None) -> list[RunReport]:
+             mapping: Any, model: dict[str, Any] | None = None, costing: Costing | None = None) -> list[RunReport]:
     """The runs of one path; a loose file in a folder that holds fewer than two logged steps (a README
     whose table happens to parse) is listed as skipped, not as a run nobody could judge."""
-    runs = analyze_run(p, detectors, logging_steps, mapping, model)
+    runs = analyze_run(p, detectors, logging_steps, mapping, model, costing)
     if how == "loose" and all(r.steps < 2 for r in runs):
         report.skipped.append((p, "fewer than two logged steps: not a training log"))
         return []
@@ -946,8 +1054,10 @@ def render_text(report: Report) -> str:
             onset = f" (onset ~{f.onset_step})" if f.onset_step is not None else ""
             variant = f" → {f.variant}" if f.variant else ""
             out.append(f"  step {f.step} [{f.severity}] {f.detector}{onset}{variant}: {f.message}")
-            if f.evidence:
-                out.append("      evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in list(f.evidence.items())[:8]))
+            shown = [(k, v) for k, v in f.evidence.items() if k not in ANNOTATIONS]
+            if shown:
+                out.append("      evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown[:8]))
+            out.extend(f"      {line}" for line in annotation_lines(run, f))
         if run.recommendations:
             out.append("recommendations:")
         for r in run.recommendations:
@@ -975,6 +1085,23 @@ def render_text(report: Report) -> str:
     if len(report.runs) + len(report.errors) > 1:
         out.append(comparison_table(report))
     return "\n".join(out).rstrip() + "\n"
+
+
+def annotation_lines(run: RunReport, f: Finding) -> list[str]:
+    """What the finding has cost (when raised, and to the end of the run) and when its limit will be reached."""
+    from grpo_monitor.core.cost import cost_phrase
+    from grpo_monitor.core.forecast import forecast_phrase
+
+    out = []
+    if f.evidence.get("cost"):
+        out.append(f"cost when raised: {cost_phrase(f.evidence['cost'])}")
+    to_end = next((c["to_end"] for c in run.cost.get("findings", [])
+                   if c["detector"] == f.detector and c["step"] == f.step and c["severity"] == f.severity), None)
+    if to_end and to_end.get("to_step") != f.step:
+        out.append(f"cost to the end of the run (step {to_end.get('to_step')}): {cost_phrase(to_end)}")
+    if f.evidence.get("forecast"):
+        out.append(f"time to failure: {forecast_phrase(f.evidence['forecast'])}")
+    return out
 
 
 def _table_rows(report: Report) -> list[tuple[str, ...]]:
@@ -1025,6 +1152,9 @@ def render_markdown(report: Report) -> str:
                 out.append(f"| {f.step} | {f.severity} | `{f.detector}` | {f.onset_step if f.onset_step is not None else '—'} "
                            f"| {f.variant or '—'} | {f.message.replace('|', '/')} |")
             out.append("")
+            for f in r.findings:
+                out += [f"- `{f.detector}` at step {f.step}: {line}" for line in annotation_lines(r, f)]
+            out.append("")
         for rec in r.recommendations:
             heading = rec_title(rec)
             out += [f"### {heading[:1].upper()}{heading[1:]}", ""]
@@ -1052,7 +1182,8 @@ def render_markdown(report: Report) -> str:
 
 def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = None,
             logging_steps: int | None = None, mapping: Sequence[str] | None = None, model: str | None = None,
-            on_report: Any = None) -> int:
+            html: str | None = None, gpu_hour_price: float | None = None, devices: int | None = None,
+            rules: str | None = None, on_report: Any = None) -> int:
     """``grpo-monitor analyze``: the report on stdout, the exit code; ``on_report(report)`` is called
     with the report once it is out (the CLI's ``--alerts`` sends it on)."""
     from grpo_monitor.readers import SourceError
@@ -1060,12 +1191,15 @@ def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = 
     try:
         columns = parse_mapping(mapping)
         facts = model_facts_of(model)
+        detectors = with_rules(None, rules)
+        costing = Costing(gpu_hour_price, devices)
     except ValueError as exc:  # SourceError is one too: a --model folder without a config
         print(f"grpo-monitor: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     try:
-        report = _analyze_all(paths, None, logging_steps, columns,
-                              say=lambda line: print(f"grpo-monitor: {line}", file=sys.stderr), model=facts)
+        report = _analyze_all(paths, detectors, logging_steps, columns,
+                              say=lambda line: print(f"grpo-monitor: {line}", file=sys.stderr), model=facts,
+                              costing=costing)
     except SourceError:  # a path given that cannot be read: its line is out already
         return ExitCode.BAD_INPUT
     if not report.runs and not report.errors:
@@ -1080,6 +1214,14 @@ def run_cli(paths: Sequence[str], as_json: bool = False, markdown: str | None = 
     if markdown:
         with open(markdown, "w", encoding="utf-8") as fh:
             fh.write(render_markdown(report))
+    if html:
+        from grpo_monitor.analysis.html_report import write_html
+
+        try:
+            write_html(report, html)
+        except OSError as exc:
+            print(f"grpo-monitor: {html}: cannot write the HTML report ({exc.strerror or exc})", file=sys.stderr)
+            return ExitCode.BAD_INPUT
     if on_report is not None:
         on_report(report)
     return report.exit_code

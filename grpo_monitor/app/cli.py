@@ -17,6 +17,7 @@ EXTRA_MODULES = {
     "preflight": ("yaml",),
     "tensorboard": ("tensorboard",),
     "trackers": ("wandb", "trackio"),
+    "report": ("matplotlib",),
 }
 REPORT_TO_EXTRAS = {"tensorboard": "tensorboard", "wandb": "trackers", "trackio": "trackers"}
 
@@ -74,6 +75,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="for a console log whose printed dicts carry no step and that does not say its logging_steps: "
                         "the k-th dict is step k*N")
     a.add_argument("--markdown", metavar="FILE", default=None, help="also write a shareable Markdown report")
+    a.add_argument("--html", metavar="FILE", default=None,
+                   help="also write one self-contained HTML page (curves with the findings marked, verdict, evidence, "
+                        "recommended diff, notes); needs the 'report' extra")
+    a.add_argument("--gpu-hour-price", type=_price, default=None, metavar="PRICE",
+                   help="the price of one GPU-hour: the cost of each finding gets money figures too")
+    a.add_argument("--devices", type=_positive_int, default=None, metavar="N",
+                   help="the number of GPUs the run trained on, where the log does not record it (GPU-hours)")
+    a.add_argument("--rules", metavar="FILE", default=None,
+                   help="a team's rule file (JSON, YAML or TOML): extra checks that raise findings like the built-in "
+                        "detectors (see the README)")
     a.add_argument("--map", action="append", default=None, metavar="COLUMN=METRIC", dest="mapping",
                    help="read the log's COLUMN as METRIC (reward, entropy, length, clipped_ratio, correctness, "
                         "rewards/<name>/mean, ...); repeatable, e.g. --map score_mean=reward")
@@ -116,6 +127,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _price(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not x >= 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a price >= 0, e.g. 2.5, got {text!r}")
+    return x
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -141,6 +162,8 @@ def _analyze(args: argparse.Namespace) -> int:
     """``analyze``, and with ``--alerts`` each run's verdict sent on: the destination is checked before
     anything is read, the runs are analysed once, and a message that was not confirmed delivered is one
     stderr line each and ``ExitCode.ALERTS_NOT_SENT`` (the report's own code is said in the last line)."""
+    if args.html and _lacks_extras("analyze --html", "report"):
+        return ExitCode.BAD_INPUT
     from grpo_monitor.analysis.report import run_cli
 
     destination, errors = None, []
@@ -157,7 +180,8 @@ def _analyze(args: argparse.Namespace) -> int:
             errors.extend(post_report(report, destination, args.alerts_min_severity))
 
     code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
-                   mapping=args.mapping, model=args.model, on_report=send if destination is not None else None)
+                   mapping=args.mapping, model=args.model, html=args.html, gpu_hour_price=args.gpu_hour_price,
+                   devices=args.devices, rules=args.rules, on_report=send if destination is not None else None)
     if not errors:
         return code
     for e in errors:

@@ -9,6 +9,7 @@ from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grpo_monitor.callbacks.finding_costs import FindingCosts
 from grpo_monitor.callbacks.monitor_callback import MonitorCallback
 from grpo_monitor.callbacks.options import RestartOptions, RouterOptions, SampleOptions, SegmentPlace
 from grpo_monitor.callbacks.reward_tap import SampleRetention
@@ -107,6 +108,8 @@ def attach(
     require_reward_gate: bool = False,
     gate_min_agreement: float = 0.9,
     place: SegmentPlace | None = None,
+    gpu_hour_price: float | None = None,
+    rules: str | os.PathLike[str] | Sequence[Any] | None = None,
     **alert_options: Any,
 ) -> MonitorCallback:
     """Attach the monitor to a ``GRPOTrainer`` (or any TRL/transformers trainer) and return its callback.
@@ -141,6 +144,10 @@ def attach(
     - ``dashboard=True`` prints the ``grpo-monitor watch`` command for this run.
     - ``place``: where the run stands in a restarted lineage (``run_with_restarts`` and the supervisor
       set it).
+    - ``gpu_hour_price``: the price of one GPU-hour; each finding's ``evidence["cost"]`` (steps, wall time and
+      GPU-hours since its onset, the share of rollouts without learning signal or cut) then has money too.
+    - ``rules``: a team's rule file (JSON, YAML or TOML; see the README) or its rules as dicts: extra checks
+      that raise findings like the built-in detectors, recorded in the run header.
 
     The main process says once where the run log goes and which reward functions count as correctness
     and as format.
@@ -180,6 +187,10 @@ def attach(
     # Checked here (those from the environment too), so a mistyped option fails at attach time rather than
     # as a warning mid-run.
     alert_opts = AlertOptions.of({**({"alerts": alerts} if alerts is not None else {}), **alert_options})
+    from grpo_monitor.core.rules import load_rules
+
+    # Built and checked here, so a broken rule file fails at attach time, not mid-run.
+    costs = FindingCosts(gpu_hour_price, load_rules(rules) if rules is not None else ())
     given = {"correctness_reward": correctness_reward, "format_reward": format_reward}
     _check_reward_roles(trainer, given)
     callback = MonitorCallback(
@@ -189,6 +200,7 @@ def attach(
         place=place,
         router=RouterOptions(router_tap, moe_probe_every),
         alerts=alert_opts,
+        costs=costs,
     )
     trainer.add_callback(callback)
     if alert_opts.enabled:

@@ -6,7 +6,8 @@ routing, per-sample statistics, process memory), takes the completions the rewar
 the last log from every rank, runs the engine, and appends step, sample and finding records. It is
 composed of small parts, each guarded on its own: the run log (``core.runlog.RunWriter``), the sample
 tap (``reward_tap``), the router tap (``router_tap``), the rank exchange (``rank_exchange``), alerts
-(``alerts``), the TensorBoard mirror and the restart policy (``restart_policy``). Rank 0 writes the
+(``alerts``), the TensorBoard mirror, the restart policy (``restart_policy``) and the findings' cost, time
+to failure and team rules (``finding_costs``). Rank 0 writes the
 shared files; every rank writes its own samples. Any exception inside the monitor is logged once per
 part and the training goes on.
 """
@@ -26,6 +27,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from grpo_monitor.alerts import build_dispatcher, redact
+from grpo_monitor.callbacks.finding_costs import FindingCosts
 from grpo_monitor.callbacks.model_facts import model_facts
 from grpo_monitor.callbacks.options import RestartOptions, RouterOptions, SampleOptions, SegmentPlace
 from grpo_monitor.callbacks.rank_exchange import RankExchange
@@ -86,8 +88,10 @@ class MonitorCallback(TrainerCallback):
         place: SegmentPlace = SegmentPlace(),
         router: RouterOptions = RouterOptions(),
         alerts: Any = None,
+        costs: FindingCosts | None = None,
     ) -> None:
         self.trainer = trainer
+        self.costs = costs or FindingCosts()
         self.run_dir = Path(run_dir)
         self.samples = samples
         self.router_options = router
@@ -105,6 +109,7 @@ class MonitorCallback(TrainerCallback):
         self.engine: Engine | None = None
         self._detectors = detectors
         self.last_step_written = -1
+        self._step_metrics: dict[str, Any] = {}
         self.reward_names = list(getattr(trainer, "reward_func_names", []) or [])
         guessed_correct, guessed_format = reward_roles(self.reward_names)
         self.correctness_reward = samples.correctness_reward or guessed_correct
@@ -199,7 +204,8 @@ class MonitorCallback(TrainerCallback):
         config = _jsonable(args.to_dict())
         self.context.config = config
         self.context.model = facts
-        self.engine = Engine(self.context, self._detectors, on_error=self.report_error)
+        self.engine = Engine(self.context, self.costs.detectors(self._detectors), on_error=self.report_error,
+                             annotators=self.costs.annotators(args))
         self.recommender = Recommender(config, is_moe=self.context.is_moe, tried=list(self.place.tried),
                                        segment=self.place.segment)
         # A write that fails (the disk full) is reported once; the writer counts what it lost and says so in the log.
@@ -223,6 +229,7 @@ class MonitorCallback(TrainerCallback):
                 applied_overrides=dict(self.place.applied_overrides),
                 tried_variants=list(self.place.tried),
                 auto_restart=self.restarts.options.auto_restart,
+                **self.costs.header_fields(),
             )
             self._guard("lint", self._preflight, state)
             self.alerts = self._guard("alerts", lambda: build_dispatcher(
@@ -321,6 +328,10 @@ class MonitorCallback(TrainerCallback):
                 loads = getattr(self.router_tap, "layer_loads", None)
                 if loads:
                     record["moe_load"] = loads
+        # The Trainer logs an evaluation as a second log of the same step; a reader keeps the latest record of
+        # a step (a resumed run re-logs steps), so this one carries the step's training metrics too. The
+        # engine sees the evaluation alone, as it saw the training log before it.
+        logged = record["metrics"] = {**self._step_metrics, **metrics} if step == self.last_step_written else metrics
         findings = self.engine.update(step, metrics, samples)
         states = record["detectors"] = self.engine.state_names()
         recs = [r for r in (self.recommender(f.to_dict()) for f in findings) if r is not None]
@@ -328,12 +339,14 @@ class MonitorCallback(TrainerCallback):
             self._guard("tensorboard", self.tensorboard.write, step, states, findings, recs)
             writer.write(record, *({"type": "finding", **f.to_dict()} for f in findings), *recs)
             for f in findings:
-                logger.warning("grpo-monitor: [%s] %s at step %d: %s", f.severity, f.detector, f.step, f.message)
+                logger.warning("grpo-monitor: [%s] %s at step %d: %s%s", f.severity, f.detector, f.step, f.message,
+                               FindingCosts.suffix(f))
             for r in recs:
                 logger.warning("grpo-monitor: %s: %s", rec_title(r), r["python"] or r["extra"].get("advice", ""))
             if self.alerts is not None:
                 self._guard("alerts", self.alerts.on_step, step, states, findings, recs)
         self.last_step_written = step
+        self._step_metrics = logged
         return findings
 
     def _maybe_restart(self, args: Any, state: Any, control: Any, findings: list[Any]) -> None:

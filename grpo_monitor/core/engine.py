@@ -16,6 +16,15 @@ from grpo_monitor.detectors.base import Detector, Finding, RunContext
 logger = logging.getLogger("grpo_monitor")
 
 
+def default_annotators() -> list[Any]:
+    """What every finding is annotated with, from the run's own metrics: its cost (``core.cost``) and, where a
+    trend heads for a limit, the time left until it (``core.forecast``)."""
+    from grpo_monitor.core.cost import CostMeter
+    from grpo_monitor.core.forecast import Forecaster
+
+    return [CostMeter(), Forecaster()]
+
+
 def default_detectors() -> list[Detector]:
     """A fresh instance of every built-in detector, with default parameters."""
     from grpo_monitor import detectors
@@ -37,19 +46,28 @@ class Engine:
         context: RunContext | None = None,
         detectors: Sequence[Detector] | None = None,
         on_error: Callable[[str, BaseException], None] | None = None,
+        annotators: Sequence[Any] | None = None,
     ) -> None:
         self.context = context or RunContext()
         self.detectors = list(default_detectors() if detectors is None else detectors)
+        # Each sees every step before the detectors (``observe``) and adds to the evidence of each finding
+        # raised (``annotate``), so live and replayed findings carry the same figures.
+        self.annotators = list(default_annotators() if annotators is None else annotators)
         self.findings: list[Finding] = []
         self.disabled: dict[str, str] = {}
         self._on_error = on_error
         for d in self.detectors:
             d.start(self.context)
+        self.annotators_failed: list[Any] = []
+        for a in self.annotators:
+            a.start(self.context)
 
     def update(
         self, step: int, metrics: Mapping[str, float | None], samples: Sequence[Mapping[str, Any]] | None = None
     ) -> list[Finding]:
         """Every running detector over one step; the findings raised."""
+        for a in self.annotators:
+            self._annotator(a, "observe", step, metrics, samples)
         raised: list[Finding] = []
         for d in self.detectors:
             if d.id in self.disabled:
@@ -58,8 +76,28 @@ class Engine:
                 raised.extend(d.update(step, metrics, samples))
             except Exception as exc:  # a broken detector must not take the others, or the run, down
                 self._disable(d.id, exc)
+        for f in raised:
+            for a in self.annotators:
+                self._annotator(a, "annotate", f)
         self.findings.extend(raised)
         return raised
+
+    def annotator(self, kind: type) -> Any:
+        """The running annotator of a kind (``CostMeter``, ``Forecaster``), or None."""
+        return next((a for a in self.annotators if isinstance(a, kind)), None)
+
+    def _annotator(self, a: Any, method: str, *args: Any) -> None:
+        if a in self.annotators_failed:
+            return
+        try:
+            getattr(a, method)(*args)
+        except Exception as exc:  # an annotation is extra: the findings go out without it
+            self.annotators_failed.append(a)
+            name = f"annotator {type(a).__name__}"
+            if self._on_error is not None:
+                self._on_error(name, exc)
+            else:
+                logger.warning("grpo-monitor: %s failed and is disabled: %s", name, exc)
 
     def _disable(self, det_id: str, exc: BaseException) -> None:
         self.disabled[det_id] = f"{type(exc).__name__}: {exc}"

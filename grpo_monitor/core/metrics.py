@@ -165,6 +165,52 @@ def export_name(name: str) -> str | None:
     return None
 
 
+# -- Evaluation metrics ----------------------------------------------------------------------
+# A held-out score logged beside training: TRL prefixes its evaluation metrics with ``eval_`` (``eval_reward``,
+# ``eval_rewards/<func>/mean``) and those names are canonical. The others' held-out *scores* map onto two
+# of them: ``eval_reward`` (a reward or score) and ``eval_accuracy`` (a share correct). verl logs one per data
+# source (``val/test_score/<source>``, ``val-core/<source>/reward/mean@N``, ``val-core/<source>/acc/mean@N``):
+# where a log holds several, the first one logged is read. Other evaluation columns keep their names.
+EVAL_REWARD = "eval_reward"
+EVAL_ACCURACY = "eval_accuracy"
+_EVAL_HEAD = r"(?:val|valid|validation|test|eval|evaluation|heldout|held_out|dev)"
+_EVAL_FAMILIES: tuple[tuple[re.Pattern[str], Any], ...] = (
+    # TensorBoard's and W&B's ``eval/<TRL name>``: TRL's own ``eval_<TRL name>``
+    (re.compile(r"^eval/(rewards/[^/]+/(?:mean|std))$"), lambda m: f"eval_{m.group(1)}"),
+    (re.compile(r"^eval[/_]rewards/([^/]+)$"), lambda m: f"eval_rewards/{m.group(1)}/mean"),
+    # verl
+    (re.compile(r"^val/test_score(?:/.+)?$"), EVAL_REWARD),
+    (re.compile(r"^val-(?:core|aux)/.+/(?:reward|score)/mean@\d+$"), EVAL_REWARD),
+    (re.compile(r"^val-(?:core|aux)/.+/(?:acc|accuracy)/mean@\d+$"), EVAL_ACCURACY),
+    # Tinker's test environment
+    (re.compile(r"^test/env/all/reward/total$"), EVAL_REWARD),
+    (re.compile(r"^test/env/all/(?:correct|correctness|accuracy)$"), EVAL_ACCURACY),
+    # custom loops and exports: test_score, val_reward, eval/score, val/reward/mean, val_acc, val_acc_mean1
+    (re.compile(rf"^{_EVAL_HEAD}[/_](?:score|scores|reward|rewards|return|returns)(?:[/_](?:mean|avg|total))?$"), EVAL_REWARD),
+    (re.compile(rf"^(?:mean|avg)_{_EVAL_HEAD}_(?:score|reward)$"), EVAL_REWARD),
+    (re.compile(rf"^{_EVAL_HEAD}[/_](?:acc|accuracy|correct|correctness|exact_match|em|pass@1|success_rate|solve_rate)"
+                r"(?:[/_]?(?:mean|avg)\d*)?$"), EVAL_ACCURACY),
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def eval_name(name: str) -> str | None:
+    """The canonical name of a held-out score (``eval_reward``, ``eval_accuracy``, ``eval_rewards/<f>/mean``),
+    or None for a name that is not one.
+
+    >>> eval_name("val/test_score/openai/gsm8k"), eval_name("val_acc_mean1"), eval_name("test_score")
+    ('eval_reward', 'eval_accuracy', 'eval_reward')
+    >>> eval_name("eval/rewards/accuracy_reward/mean"), eval_name("eval/loss"), eval_name("reward")
+    ('eval_rewards/accuracy_reward/mean', None, None)
+    """
+    folded = name.strip().lower().replace(" ", "_").replace("-", "_") if not name.startswith("val-") else name
+    for pattern, target in _EVAL_FAMILIES:
+        m = pattern.match(folded)
+        if m:
+            return target if isinstance(target, str) else target(m)
+    return None
+
+
 # Derived where a logger reports the parts: Tinker counts groups whose completions all passed or
 # all failed; together they are the groups without reward spread.
 _ZERO_STD_PARTS = ("env/all/by_group/frac_all_good", "env/all/by_group/frac_all_bad")
@@ -213,7 +259,7 @@ def normalize(name: str) -> str:
     m = _REWARD_COMPONENT.match(name)
     if m:
         return f"rewards/{m.group(1)}/mean"
-    return export_name(name) or name
+    return eval_name(name) or export_name(name) or name
 
 
 def to_value(value: Any) -> float | None:

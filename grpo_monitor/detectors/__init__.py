@@ -6,7 +6,9 @@ from grpo_monitor.detectors.broken_generation import BrokenGeneration
 from grpo_monitor.detectors.degenerate_long_cot import DegenerateLongCot
 from grpo_monitor.detectors.entropy_collapse import EntropyCollapse
 from grpo_monitor.detectors.entropy_rise import EntropyRise
+from grpo_monitor.detectors.eval_drop import EvalDrop
 from grpo_monitor.detectors.grad_norm_spike import GradNormSpike
+from grpo_monitor.detectors.kl_pinned import KlPinned
 from grpo_monitor.detectors.length_collapse import LengthCollapse
 from grpo_monitor.detectors.language_mixing import LanguageMixing
 from grpo_monitor.detectors.length_reward_coupling import LengthRewardCoupling
@@ -21,6 +23,7 @@ from grpo_monitor.detectors.reward_function_bug import RewardFunctionBug
 from grpo_monitor.detectors.rollout_mismatch import RolloutMismatch
 from grpo_monitor.detectors.stall import Stall
 from grpo_monitor.detectors.sudden_collapse import SuddenCollapse
+from grpo_monitor.detectors.train_eval_divergence import TrainEvalDivergence
 from grpo_monitor.detectors.truncation import Truncation
 from grpo_monitor.detectors.variants import VARIANT_PRESETS
 
@@ -48,6 +51,10 @@ ALL_DETECTORS: list[type[Detector]] = [
     GradNormSpike,
     LengthCollapse,
     NoImprovement,
+    # Evaluation-aware: the held-out score against the training reward, and the KL the penalty should move.
+    TrainEvalDivergence,
+    EvalDrop,
+    KlPinned,
 ]
 
 # The fixed detector ids, in the registry's order.
@@ -64,7 +71,9 @@ __all__ = [
     "Detector",
     "EntropyCollapse",
     "EntropyRise",
+    "EvalDrop",
     "GradNormSpike",
+    "KlPinned",
     "Finding",
     "LanguageMixing",
     "LengthCollapse",
@@ -81,5 +90,6 @@ __all__ = [
     "RunContext",
     "Stall",
     "SuddenCollapse",
+    "TrainEvalDivergence",
     "Truncation",
 ]

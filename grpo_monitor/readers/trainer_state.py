@@ -35,7 +35,7 @@ def read_trainer_state(path: Path, obj: Any) -> Source:
 
     Every ``log_history`` entry is one logged step; entries sharing a step (a train entry and
     an eval entry) are merged. The end-of-training summary (``train_runtime``, ``train_loss``,
-    ...) is not a step and is skipped.
+    ...) is not a step: it is set aside in ``meta["summary"]``.
     """
     if not isinstance(obj, dict):
         raise SourceError(path, f"expected a JSON object with 'log_history', got {type(obj).__name__}")
@@ -53,6 +53,8 @@ def read_trainer_state(path: Path, obj: Any) -> Source:
             raise SourceError(path, f"log_history[{i}] is {type(entry).__name__}, expected an object")
         if "train_runtime" in entry or (SUMMARY_KEYS & entry.keys() and "loss" not in entry and "train_loss" in entry):
             summaries += 1
+            # Kept aside: its train_runtime is the run's clock where the steps carry none (core.cost).
+            src.meta.setdefault("summary", {k: v for k, v in entry.items() if isinstance(v, (int, float))})
             continue
         if "step" not in entry:
             raise SourceError(path, f"log_history[{i}] has no 'step'")
