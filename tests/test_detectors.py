@@ -47,9 +47,10 @@ EXPECTED_VARIANT = {
     "language_mixing": None,
     "memory_pressure": None,
     "stall": None,
+    "device_throttled": None,
 }
 # Detectors whose findings may be information only (a fact about the run, a plateau without a cause).
-MAY_INFORM = {"moe_model_detected", "no_improvement"}
+MAY_INFORM = {"moe_model_detected", "no_improvement", "device_throttled"}
 # Runs that make each detector raise something, so the contract checks see real findings.
 TRIGGER = {
     "entropy_collapse": "entropy_collapse",
@@ -73,6 +74,7 @@ TRIGGER = {
     "language_mixing": "k19_language_mixing",
     "memory_pressure": "k17_memory_grows_to_capacity",
     "stall": "k18_stall_at_weight_sync",
+    "device_throttled": "device_thermal_throttling",
 }
 METRIC_KEYS = [
     "loss", "grad_norm", "learning_rate", "entropy", "reward", "reward_std", "frac_reward_zero_std",

@@ -2,11 +2,12 @@
 directory and through the detectors.
 
 Per logging step it normalises the metrics TRL passes to ``on_log``, adds the monitor's own (MoE
-routing, per-sample statistics, process memory), takes the completions the reward tap recorded since
+routing, per-sample statistics, process memory, the device's health), takes the completions the reward tap recorded since
 the last log from every rank, runs the engine, and appends step, sample and finding records. It is
 composed of small parts, each guarded on its own: the run log (``core.runlog.RunWriter``), the sample
 tap (``reward_tap``), the router tap (``router_tap``), the rank exchange (``rank_exchange``), alerts
-(``alerts``), the TensorBoard mirror and the restart policy (``restart_policy``). Rank 0 writes the
+(``alerts``), the TensorBoard mirror, the restart policy (``restart_policy``) and the device's health
+(``device_health``: NVML readings from a thread of their own, and the time spent generating). Rank 0 writes the
 shared files; every rank writes its own samples. Any exception inside the monitor is logged once per
 part and the training goes on.
 """
@@ -26,12 +27,14 @@ from typing import Any
 from transformers import TrainerCallback
 
 from grpo_monitor.alerts import build_dispatcher, redact
+from grpo_monitor.callbacks.device_health import DeviceHealth
 from grpo_monitor.callbacks.model_facts import model_facts
-from grpo_monitor.callbacks.options import RestartOptions, RouterOptions, SampleOptions, SegmentPlace
+from grpo_monitor.callbacks.options import DeviceOptions, RestartOptions, RouterOptions, SampleOptions, SegmentPlace
 from grpo_monitor.callbacks.rank_exchange import RankExchange
 from grpo_monitor.callbacks.restart_policy import RestartPolicy
 from grpo_monitor.callbacks.reward_tap import RewardTap
 from grpo_monitor.callbacks.tensorboard_mirror import TensorBoardMirror
+from grpo_monitor.core.device import combine_ranks
 from grpo_monitor.core.engine import Engine
 from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize_metrics
 from grpo_monitor.core.recommend import Recommender
@@ -86,6 +89,7 @@ class MonitorCallback(TrainerCallback):
         place: SegmentPlace = SegmentPlace(),
         router: RouterOptions = RouterOptions(),
         alerts: Any = None,
+        device: DeviceOptions = DeviceOptions(),
     ) -> None:
         self.trainer = trainer
         self.run_dir = Path(run_dir)
@@ -97,6 +101,7 @@ class MonitorCallback(TrainerCallback):
         self.errors: dict[str, str] = {}
         self.exchange = RankExchange(self.report_error)
         self.tensorboard = TensorBoardMirror(trainer)
+        self.device = DeviceHealth(trainer, device)
         self.alert_options = alerts  # a webhook URL, False, or alert options (grpo_monitor.alerts)
         self.alerts: Any = None
         self.writer: RunWriter | None = None
@@ -203,6 +208,7 @@ class MonitorCallback(TrainerCallback):
         self.recommender = Recommender(config, is_moe=self.context.is_moe, tried=list(self.place.tried),
                                        segment=self.place.segment)
         self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0)
+        device = self._guard("device health", self.device.start)
         if state.is_world_process_zero:
             self.writer.header(
                 run_id=self.run_id,
@@ -221,6 +227,7 @@ class MonitorCallback(TrainerCallback):
                 applied_overrides=dict(self.place.applied_overrides),
                 tried_variants=list(self.place.tried),
                 auto_restart=self.restarts.options.auto_restart,
+                **({"device": device} if device else {}),  # the GPU as NVML reports it, when it does
             )
             self._guard("lint", self._preflight, state)
             self.alerts = self._guard("alerts", build_dispatcher, self.trainer, self.run_dir, self.run_id,
@@ -261,8 +268,9 @@ class MonitorCallback(TrainerCallback):
         if logs:
             step = int(state.global_step)
             local = (self._guard("reward tap", self.reward_tap.drain, step) or []) if self.reward_tap else []
+            device = (self._guard("device health", self.device.collect) or None) if self.device.active else None
             # Every rank reaches this collective at every log, whatever failed above.
-            batch, digests = self.exchange.share(local)
+            batch, digests = self.exchange.share(local, device)
             if self.reward_tap is not None:
                 self._guard("samples", self._keep_text, step, local, batch)
             findings = self._guard("step record", self._record, state, dict(logs), local, batch) or []
@@ -304,6 +312,11 @@ class MonitorCallback(TrainerCallback):
         if local:
             self._guard("samples", writer.samples, local)
         metrics.update(sample_metrics(samples))
+        devices = self.exchange.devices
+        if any(devices):
+            for name, value in combine_ranks(devices).items():
+                if name not in metrics:  # torch's own reading of the capacity comes first
+                    metrics[name] = value
         now = time.time()
         # The wall clock as a metric too: detectors see metrics only, and a stall shows in its gaps.
         metrics["system/wall_time"] = now
@@ -315,6 +328,8 @@ class MonitorCallback(TrainerCallback):
                 loads = getattr(self.router_tap, "layer_loads", None)
                 if loads:
                     record["moe_load"] = loads
+        if len(devices) > 1 and any(devices):
+            record["devices"] = [{"rank": r, **(d or {})} for r, d in enumerate(devices)]
         findings = self.engine.update(step, metrics, samples)
         states = record["detectors"] = self.engine.state_names()
         recs = [r for r in (self.recommender(f.to_dict()) for f in findings) if r is not None]
@@ -344,6 +359,7 @@ class MonitorCallback(TrainerCallback):
             self.writer.write(record)
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._guard("device health", self.device.stop)
         if self.alerts is not None:
             self._guard("alerts", self.alerts.close)
             self.alerts = None
