@@ -12,35 +12,28 @@ window: a lock and a few additions, never an NVML call.
 
 from __future__ import annotations
 
-import sys
+import os
 import time
 from typing import Any
 
 from grpo_monitor.callbacks.options import DeviceOptions
-from grpo_monitor.core.device import GENERATION_SHARE, GIB, DeviceSampler, start_sampler, unified_memory
+from grpo_monitor.core.device import GENERATION_SHARE, DeviceSampler, start_sampler, unified_memory
+from grpo_monitor.preflight.memory import cuda_device
 
 
-def cuda_device() -> dict[str, Any] | None:
-    """This process's CUDA device as torch sees it (index, NVML UUID, name, memory, integrated), or None
-    when torch has not initialised CUDA. torch is not imported here: a run that has not imported it trains
-    on no GPU."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-            return None
-        index = torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(index)
-    except Exception:
-        return None
-    uuid = getattr(props, "uuid", None)
-    uuid = str(uuid) if uuid is not None else None
-    if uuid and not uuid.startswith(("GPU-", "MIG-")):
-        uuid = "GPU-" + uuid  # torch prints the bare UUID; NVML names devices by "GPU-<uuid>"
-    return {"index": int(index), "uuid": uuid, "name": getattr(props, "name", None),
-            "total_gib": getattr(props, "total_memory", 0) / GIB or None,
-            "integrated": bool(getattr(props, "is_integrated", False))}
+def nvml_index(cuda_index: int) -> int:
+    """The NVML index of CUDA device ``cuda_index``, through ``CUDA_VISIBLE_DEVICES`` when it lists indices
+    (NVML numbers every device of the machine; CUDA only the visible ones).
+
+    >>> import os; os.environ["CUDA_VISIBLE_DEVICES"] = "2,3"; nvml_index(1)
+    3
+    >>> del os.environ["CUDA_VISIBLE_DEVICES"]; nvml_index(1)
+    1
+    """
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if cuda_index < len(visible) and visible[cuda_index].isdigit():
+        return int(visible[cuda_index])
+    return cuda_index
 
 
 class DeviceHealth:
@@ -63,15 +56,15 @@ class DeviceHealth:
         """Start sampling; the device's facts for the run header, or None when nothing is sampled."""
         if not self.options.enabled or self.sampler is not None:
             return self.facts
-        torch_dev = cuda_device()
+        torch_dev = cuda_device(initialised_only=True)
         target = self.options.device
         if target is None:
             if torch_dev is None:
                 return None  # not training on a GPU: nothing to watch
             target = torch_dev["uuid"] or torch_dev["index"]
         sampler = start_sampler(target, self.options.interval_s)
-        if sampler is None and target is not None and torch_dev is not None and target == torch_dev["uuid"]:
-            sampler = start_sampler(torch_dev["index"], self.options.interval_s)  # a driver without UUID lookup
+        if sampler is None and torch_dev is not None and self.options.device is None and target == torch_dev["uuid"]:
+            sampler = start_sampler(nvml_index(torch_dev["index"]), self.options.interval_s)  # no UUID lookup
         if sampler is None:
             return None
         self.sampler = sampler
