@@ -302,16 +302,18 @@ class DeviceSampler:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                reading = self.device.read()
-                with self._lock:
-                    self._window.add(reading)
+                self._add(self.device.read())
                 self._stop.wait(self.interval_s)
         except BaseException as exc:  # the sampler stops; the run goes on
             self.error = exc
 
     def sample_now(self) -> None:
         """One reading into the window from the calling thread (tests, benchmarks; the run never calls it)."""
-        reading = self.device.read()
+        self._add(self.device.read())
+
+    def _add(self, reading: Mapping[str, float | None]) -> None:
+        if all(v is None for k, v in reading.items() if k not in ("total", "limit_mw")):
+            return  # the device reported nothing of its state (lost, reset): no reading, rather than an empty one
         with self._lock:
             self._window.add(reading)
 

@@ -78,11 +78,15 @@ def memory_ladder(config: Mapping[str, Any] | None) -> list[dict[str, Any]]:
              "the colocated vLLM engine gives its share of the GPU back while training runs")
     util = cfg.get("vllm_gpu_memory_utilization")
     util = float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) else 0.3
-    if colocated and util > 0.15:
-        rung("lower_vllm_gpu_memory_utilization", {"vllm_gpu_memory_utilization": round(max(0.1, util - 0.1), 2)},
+    if colocated and util >= 0.25:
+        # One decisive cut (TRL's default 0.3 goes to 0.18): a restart tries each rung once.
+        rung("lower_vllm_gpu_memory_utilization", {"vllm_gpu_memory_utilization": round(max(0.15, util * 0.6), 2)},
              "vLLM reserves less for its KV cache, and batches fewer sequences at once")
-    if cfg.get("gradient_checkpointing") is not True:
-        rung("gradient_checkpointing", {"gradient_checkpointing": True},
+    # transformers 5 renamed it activation_checkpointing and keeps gradient_checkpointing as an alias that
+    # the new name overrides: the diff sets the name the config itself carries.
+    name = "activation_checkpointing" if cfg.get("activation_checkpointing") is not None else "gradient_checkpointing"
+    if cfg.get(name) is not True:
+        rung("gradient_checkpointing", {name: True},
              "activations are recomputed in the backward pass instead of kept, for about a third more compute")
     optim = str(getattr(cfg.get("optim"), "value", cfg.get("optim")) or "adamw_torch_fused").lower()
     if not any(h in optim for h in _LEAN_OPTIMIZERS):
