@@ -125,7 +125,7 @@ class DeviceThrottled(Detector):
         if self.base is None:
             # The early level the throttle check compares with; the rollout check needs none.
             for key, value in (("time", t), ("clock", clock), ("util", util), ("power", power)):
-                if value is not None:
+                if value is not None and len(self.first[key]) < self.baseline_points:
                     self.first[key].append(value)
             if max(len(self.first["time"]), len(self.first["util"])) >= self.baseline_points:
                 self.base = {key: median(vals) for key, vals in self.first.items() if vals}
