@@ -50,9 +50,10 @@ EXPECTED_VARIANT = {
     "train_eval_divergence": None,
     "eval_drop": None,
     "kl_pinned": None,
+    "device_throttled": None,
 }
 # Detectors whose findings may be information only (a fact about the run, a plateau without a cause).
-MAY_INFORM = {"moe_model_detected", "no_improvement"}
+MAY_INFORM = {"moe_model_detected", "no_improvement", "device_throttled"}
 # Runs that make each detector raise something, so the contract checks see real findings.
 TRIGGER = {
     "entropy_collapse": "entropy_collapse",
@@ -79,6 +80,7 @@ TRIGGER = {
     "train_eval_divergence": "k4_proxy_hack_after_plateau",
     "eval_drop": "k9_validation_drop",
     "kl_pinned": "kl_pinned_adapter_not_applied",
+    "device_throttled": "device_thermal_throttling",
 }
 METRIC_KEYS = [
     "loss", "grad_norm", "learning_rate", "entropy", "reward", "reward_std", "frac_reward_zero_std",

@@ -102,6 +102,9 @@ class RunReport:
     # What the run spent (``run``) and what each warning/critical finding cost from its onset to the end of
     # the run (``findings``, in the order of ``findings``; ``core.cost``).
     cost: dict[str, Any] = field(default_factory=dict)
+    # The GPU's health over the run (``core.device.device_health``, with the device the run header names),
+    # None when the run logged no device readings.
+    device: dict[str, Any] | None = None
 
     @property
     def judged_by(self) -> list[str]:
@@ -170,6 +173,8 @@ class RunReport:
         out["normal"] = list(self.notes)
         if self.cost:
             out["cost"] = dict(self.cost)
+        if self.device:
+            out["device"] = dict(self.device)
         return out
 
 
@@ -544,6 +549,7 @@ def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | 
         not_written=loss.to_dict() if loss is not None else None,
         steps_logged=len(src.steps) + loss.steps if loss is not None else None,
         cost=cost_summary(engines[0] if engines else None, findings),
+        device=_device(src),
     )
 
 
@@ -570,6 +576,20 @@ def _all_detectors() -> list[Any]:
     from grpo_monitor.detectors import ALL_DETECTORS
 
     return list(ALL_DETECTORS)
+
+
+def _device(src: Any) -> dict[str, Any] | None:
+    from grpo_monitor.core.device import device_health
+
+    health = device_health(src.steps)
+    if health is None:
+        return None
+    header = getattr(getattr(src, "run", None), "header", None) or {}
+    facts = header.get("device") if isinstance(header.get("device"), Mapping) else {}
+    if facts.get("name"):
+        health = {"name": facts["name"], **({"unified_memory": facts["unified_memory"]}
+                                             if facts.get("unified_memory") else {}), **health}
+    return health
 
 
 def _notes(src: Any) -> list[dict[str, Any]]:
@@ -1022,6 +1042,18 @@ def model_line(model: Mapping[str, Any]) -> str:
     return f"{name}, from {model['source']}" if model.get("source") else name
 
 
+def device_lines(run: RunReport) -> list[str]:
+    """``device: ...`` and its health lines, for a run that logged device readings."""
+    if not run.device:
+        return []
+    from grpo_monitor.core.device import health_lines
+
+    name = run.device.get("name")
+    head = "device" + (f": {name}" if name else "") + (f" (unified memory: {run.device['unified_memory']})"
+                                                       if run.device.get("unified_memory") else "")
+    return [head] + [f"  {line}" for line in health_lines(run.device)]
+
+
 def verdict_line(run: RunReport) -> str:
     """The one line a dashboard or a table shows for a run's verdict."""
     text = VERDICT_TEXT.get(run.verdict, run.verdict.upper())
@@ -1048,6 +1080,7 @@ def render_text(report: Report) -> str:
         for w in run.warnings:
             out.append(f"  note: {w}")
         out.extend(coverage_lines(run))
+        out.extend(device_lines(run))
         if run.findings:
             out.append("findings:")
         for f in run.findings:
@@ -1146,6 +1179,9 @@ def render_markdown(report: Report) -> str:
             for det, why in r.not_judged.items():
                 out.append(f"- could not judge `{det}`: {why}")
             out.append("")
+        if r.device:
+            lines = device_lines(r)
+            out += [f"**{lines[0][:1].upper()}{lines[0][1:]}**", ""] + [f"- {line.strip()}" for line in lines[1:]] + [""]
         if r.findings:
             out += ["| step | severity | detector | onset | variant | message |", "|---|---|---|---|---|---|"]
             for f in r.findings:

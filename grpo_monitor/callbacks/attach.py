@@ -11,7 +11,7 @@ from typing import Any
 
 from grpo_monitor.callbacks.finding_costs import FindingCosts
 from grpo_monitor.callbacks.monitor_callback import MonitorCallback
-from grpo_monitor.callbacks.options import RestartOptions, RouterOptions, SampleOptions, SegmentPlace
+from grpo_monitor.callbacks.options import DeviceOptions, RestartOptions, RouterOptions, SampleOptions, SegmentPlace
 from grpo_monitor.callbacks.reward_tap import SampleRetention
 from grpo_monitor.core.runlog import RUN_FILE
 from grpo_monitor.detectors.base import Detector
@@ -100,6 +100,9 @@ def attach(
     max_text_chars: int = 2000,
     router_tap: bool = True,
     moe_probe_every: int = 10,
+    device_health: bool = True,
+    device_interval_s: float = 1.0,
+    nvml_device: int | str | None = None,
     auto_restart: bool = False,
     max_restarts: int = 2,
     restart_from: str = "before_onset",
@@ -127,6 +130,11 @@ def attach(
       completion keeps its numbers either way); ``max_text_chars``: characters kept per text (head and tail).
     - ``router_tap``: False leaves a MoE model's routers unhooked (no ``moe/*`` routing metrics);
       ``moe_probe_every``: the routing flip-rate probe interval in steps.
+    - ``device_health``: the GPU's utilisation, memory, temperature, power, SM clock and throttle reasons
+      through NVML (``pip install 'grpo-monitor[gpu]'``), read every ``device_interval_s`` seconds on a
+      thread of its own, plus the share of time spent generating, as ``system/gpu_*`` metrics; nothing
+      happens without NVML or a GPU. ``nvml_device`` (an NVML index or UUID) watches that device instead
+      of the one each rank trains on.
     - ``auto_restart``: stop on a confirmed finding and write a restart plan (off by default);
       ``max_restarts`` (default 2); ``restart_from`` (``before_onset``, ``latest`` or ``initial``).
     - ``alerts``: a destination or a list of them (a Slack, Discord, Teams, PagerDuty or other webhook URL,
@@ -201,6 +209,7 @@ def attach(
         router=RouterOptions(router_tap, moe_probe_every),
         alerts=alert_opts,
         costs=costs,
+        device=DeviceOptions(device_health, device_interval_s, nvml_device),
     )
     trainer.add_callback(callback)
     if alert_opts.enabled:

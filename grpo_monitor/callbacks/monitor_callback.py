@@ -2,12 +2,13 @@
 directory and through the detectors.
 
 Per logging step it normalises the metrics TRL passes to ``on_log``, adds the monitor's own (MoE
-routing, per-sample statistics, process memory), takes the completions the reward tap recorded since
+routing, per-sample statistics, process memory, the device's health), takes the completions the reward tap recorded since
 the last log from every rank, runs the engine, and appends step, sample and finding records. It is
 composed of small parts, each guarded on its own: the run log (``core.runlog.RunWriter``), the sample
 tap (``reward_tap``), the router tap (``router_tap``), the rank exchange (``rank_exchange``), alerts
-(``alerts``), the TensorBoard mirror, the restart policy (``restart_policy``) and the findings' cost, time
-to failure and team rules (``finding_costs``). Rank 0 writes the
+(``alerts``), the TensorBoard mirror, the restart policy (``restart_policy``), the findings' cost, time
+to failure and team rules (``finding_costs``) and the device's health (``device_health``: NVML readings from a
+thread of their own, and the time spent generating). Rank 0 writes the
 shared files; every rank writes its own samples. Any exception inside the monitor is logged once per
 part and the training goes on.
 """
@@ -28,12 +29,14 @@ from transformers import TrainerCallback
 
 from grpo_monitor.alerts import build_dispatcher, redact
 from grpo_monitor.callbacks.finding_costs import FindingCosts
+from grpo_monitor.callbacks.device_health import DeviceHealth
 from grpo_monitor.callbacks.model_facts import model_facts
-from grpo_monitor.callbacks.options import RestartOptions, RouterOptions, SampleOptions, SegmentPlace
+from grpo_monitor.callbacks.options import DeviceOptions, RestartOptions, RouterOptions, SampleOptions, SegmentPlace
 from grpo_monitor.callbacks.rank_exchange import RankExchange
 from grpo_monitor.callbacks.restart_policy import RestartPolicy
 from grpo_monitor.callbacks.reward_tap import RewardTap
 from grpo_monitor.callbacks.tensorboard_mirror import TensorBoardMirror
+from grpo_monitor.core.device import combine_ranks
 from grpo_monitor.core.engine import Engine
 from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize_metrics
 from grpo_monitor.core.recommend import Recommender
@@ -89,6 +92,7 @@ class MonitorCallback(TrainerCallback):
         router: RouterOptions = RouterOptions(),
         alerts: Any = None,
         costs: FindingCosts | None = None,
+        device: DeviceOptions = DeviceOptions(),
     ) -> None:
         self.trainer = trainer
         self.costs = costs or FindingCosts()
@@ -101,6 +105,7 @@ class MonitorCallback(TrainerCallback):
         self.errors: dict[str, str] = {}
         self.exchange = RankExchange(self.report_error)
         self.tensorboard = TensorBoardMirror(trainer)
+        self.device = DeviceHealth(trainer, device)
         self.alert_options = alerts  # a webhook URL, False, or alert options (grpo_monitor.alerts)
         self.alerts: Any = None
         self.writer: RunWriter | None = None
@@ -211,6 +216,7 @@ class MonitorCallback(TrainerCallback):
         # A write that fails (the disk full) is reported once; the writer counts what it lost and says so in the log.
         self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0,
                                 on_error=self.report_error)
+        device = self._guard("device health", self.device.start)
         if state.is_world_process_zero:
             self.writer.header(
                 run_id=self.run_id,
@@ -230,6 +236,7 @@ class MonitorCallback(TrainerCallback):
                 tried_variants=list(self.place.tried),
                 auto_restart=self.restarts.options.auto_restart,
                 **self.costs.header_fields(),
+                **({"device": device} if device else {}),  # the GPU as NVML reports it, when it does
             )
             self._guard("lint", self._preflight, state)
             self.alerts = self._guard("alerts", lambda: build_dispatcher(
@@ -272,8 +279,9 @@ class MonitorCallback(TrainerCallback):
         if logs:
             step = int(state.global_step)
             local = (self._guard("reward tap", self.reward_tap.drain, step) or []) if self.reward_tap else []
+            device = (self._guard("device health", self.device.collect) or None) if self.device.active else None
             # Every rank reaches this collective at every log, whatever failed above.
-            batch, digests = self.exchange.share(local)
+            batch, digests = self.exchange.share(local, device)
             if self.reward_tap is not None:
                 self._guard("samples", self._keep_text, step, local, batch)
             findings = self._guard("step record", self._record, state, dict(logs), local, batch) or []
@@ -317,6 +325,11 @@ class MonitorCallback(TrainerCallback):
         if local:
             self._guard("samples", writer.samples, local)
         metrics.update(sample_metrics(samples))
+        devices = self.exchange.devices
+        if any(devices):
+            for name, value in combine_ranks(devices).items():
+                if name not in metrics:  # torch's own reading of the capacity comes first
+                    metrics[name] = value
         now = time.time()
         # The wall clock as a metric too: detectors see metrics only, and a stall shows in its gaps.
         metrics["system/wall_time"] = now
@@ -332,6 +345,8 @@ class MonitorCallback(TrainerCallback):
         # a step (a resumed run re-logs steps), so this one carries the step's training metrics too. The
         # engine sees the evaluation alone, as it saw the training log before it.
         logged = record["metrics"] = {**self._step_metrics, **metrics} if step == self.last_step_written else metrics
+        if len(devices) > 1 and any(devices):
+            record["devices"] = [{"rank": r, **(d or {})} for r, d in enumerate(devices)]
         findings = self.engine.update(step, metrics, samples)
         states = record["detectors"] = self.engine.state_names()
         recs = [r for r in (self.recommender(f.to_dict()) for f in findings) if r is not None]
@@ -366,6 +381,7 @@ class MonitorCallback(TrainerCallback):
                 self._guard("alerts", self.alerts.restart, plan.to_dict())
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._guard("device health", self.device.stop)
         if self.alerts is not None:
             self._guard("alerts", self.alerts.close)
             self.alerts = None

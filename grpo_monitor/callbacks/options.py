@@ -87,3 +87,25 @@ class RouterOptions:
     def __post_init__(self) -> None:
         if isinstance(self.probe_every, bool) or not isinstance(self.probe_every, int) or self.probe_every < 1:
             raise ValueError(f"moe_probe_every must be an integer >= 1, got {self.probe_every!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceOptions:
+    """Device health through NVML: on by default where ``nvidia-ml-py`` and a GPU are there (nothing happens
+    otherwise), read every ``interval_s`` seconds on a thread of its own. ``device`` None watches the GPU
+    each rank trains on; an NVML index or a ``GPU-…`` UUID watches that device on every rank (a vLLM
+    server's GPU on the same node, say)."""
+
+    enabled: bool = True
+    interval_s: float = 1.0
+    device: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"device_health must be True or False, got {self.enabled!r}")
+        if isinstance(self.interval_s, bool) or not isinstance(self.interval_s, (int, float)) or not self.interval_s > 0:
+            raise ValueError(f"device_interval_s must be a number > 0, got {self.interval_s!r}")
+        dev = self.device
+        if dev is not None and (isinstance(dev, bool) or not isinstance(dev, (int, str))
+                                or (isinstance(dev, int) and dev < 0) or (isinstance(dev, str) and not dev.strip())):
+            raise ValueError(f"nvml_device must be an NVML device index >= 0 or a device UUID, got {dev!r}")

@@ -1,8 +1,8 @@
 """Across ranks: every rank's detectors see the whole step's completions, and all ranks stop together.
 
 Under ``torchrun``/``accelerate`` each rank scores its own completions. At every log the ranks exchange
-each completion's numbers (``pack_samples``: a few dozen bytes each, never the text) and the findings
-each raised at the previous log; every rank unpacks all parts alike, its own included, so the detectors
+each completion's numbers (``pack_samples``: a few dozen bytes each, never the text), the findings
+each raised at the previous log and its device's readings (``core.device``: a dozen numbers, or None); every rank unpacks all parts alike, its own included, so the detectors
 of every rank see the same values and reach the same findings. A disagreement (a detector failing on
 one rank only) is recorded once. On one process nothing is exchanged.
 """
@@ -39,12 +39,16 @@ class RankExchange:
         self.sent_bytes = 0  # what this rank sent at the last log
         self._digest: list[Any] = []
         self._disagreed = False
+        self.devices: list[Any] = []  # each rank's device readings of the last log (None: none)
 
-    def share(self, local: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any] | None]:
+    def share(self, local: list[dict[str, Any]],
+              device: dict[str, float] | None = None) -> tuple[list[dict[str, Any]], list[Any] | None]:
         """The step's samples from every rank and each rank's findings of the previous log; on one process,
-        this rank's samples and no digests. Every rank must call it at every log, whatever failed before:
-        a rank that skipped it would leave the others waiting forever."""
+        this rank's samples and no digests. Each rank's ``device`` readings land in ``devices``, in rank
+        order. Every rank must call it at every log, whatever failed before: a rank that skipped it would
+        leave the others waiting forever."""
         dist = distributed()
+        self.devices = [device]
         if dist is None:
             self.sent_bytes = 0
             return local, None
@@ -53,7 +57,7 @@ class RankExchange:
         except Exception as exc:  # still join the collective below
             self.report("rank exchange", exc)
             packed = None
-        payload = (packed, self._digest)
+        payload = (packed, self._digest, device or None)
         gathered: list[Any] = [None] * dist.get_world_size()
         try:
             dist.all_gather_object(gathered, payload)
@@ -70,6 +74,7 @@ class RankExchange:
             self.report("rank exchange", exc)
             merged = list(local)
         merged.sort(key=batch_index)
+        self.devices = [part[2] if part and len(part) > 2 else None for part in gathered]
         self.sent_bytes = exchange_size(payload)
         return merged, [part[1] if part else None for part in gathered]
 

@@ -4,6 +4,7 @@ from grpo_monitor.detectors.advantage_mask_bug import AdvantageMaskBug
 from grpo_monitor.detectors.base import Assessment, Detector, Finding, RunContext
 from grpo_monitor.detectors.broken_generation import BrokenGeneration
 from grpo_monitor.detectors.degenerate_long_cot import DegenerateLongCot
+from grpo_monitor.detectors.device_throttled import DeviceThrottled
 from grpo_monitor.detectors.entropy_collapse import EntropyCollapse
 from grpo_monitor.detectors.entropy_rise import EntropyRise
 from grpo_monitor.detectors.eval_drop import EvalDrop
@@ -47,6 +48,7 @@ ALL_DETECTORS: list[type[Detector]] = [
     LanguageMixing,
     MemoryPressure,
     Stall,
+    DeviceThrottled,
     EntropyRise,
     GradNormSpike,
     LengthCollapse,
@@ -68,6 +70,7 @@ __all__ = [
     "DETECTOR_IDS",
     "VARIANT_PRESETS",
     "DegenerateLongCot",
+    "DeviceThrottled",
     "Detector",
     "EntropyCollapse",
     "EntropyRise",

@@ -3,12 +3,17 @@
 Out-of-memory crashes in GRPO come a few steps in or late, when completions reach lengths the run
 had not generated before: the logits alone are batch x length x vocabulary. The callback records
 the peak per logging window (``system/gpu_peak_reserved_gib``, or what the whole device holds,
-``system/gpu_device_used_gib``) and the capacity (``system/gpu_total_gib``); on the host, the
+``system/gpu_device_used_gib``, or NVML's peak over the window, ``system/gpu_used_peak_gib``) and the
+capacity (``system/gpu_total_gib``); on the host, the
 process's peak resident memory against the machine's. Memory that is high but flat (an engine that
 reserves most of the device up front) is not pressure, and neither is memory that grows with
 lengths while it stays well below the capacity. Pressure is a peak above ``high`` of the capacity
 that has risen from the run's early level together with the longest completion, or a peak whose
 trend against that length, carried to the length cap, passes the capacity while lengths still grow.
+
+The cure is the memory remediation ladder (``memory_ladder``, which ``lint`` sizes too): the finding's
+diff is its first rung the config does not have yet, its evidence names every rung in order, so a
+restarted segment, which runs with that rung, is offered the next one.
 """
 
 from __future__ import annotations
@@ -25,31 +30,97 @@ from grpo_monitor.detectors.stats import Window, median, theil_sen
 SOURCES: tuple[tuple[str, str, str], ...] = (
     ("system/gpu_peak_reserved_gib", "system/gpu_total_gib", "gpu"),
     ("system/gpu_device_used_gib", "system/gpu_total_gib", "gpu"),
+    ("system/gpu_used_peak_gib", "system/gpu_total_gib", "gpu"),  # NVML's peak over the window, every process
     ("system/gpu_peak_allocated_gib", "system/gpu_total_gib", "gpu"),
     ("system/rss_peak_gib", "system/ram_total_gib", "host"),
 )
 MAX_LEN = "completions/max_length"
-REMEDY = "reduce_activation_memory"
+
+# The remedies for memory, in the order to try them: what costs nothing in what is learned first, what
+# changes the run last. Each rung names its GRPOConfig diff (``memory_ladder``).
+LADDER = ("vllm_sleep_mode", "lower_vllm_gpu_memory_utilization", "gradient_checkpointing", "low_bit_optimizer",
+          "smaller_micro_batch", "shorter_completions")
+# Optimizers whose states are already small (8/4-bit, paged, factored) or absent.
+_LEAN_OPTIMIZERS = ("8bit", "4bit", "paged", "adafactor", "lomo", "sgd")
+_LOW_BIT = {"lion": "paged_lion_8bit", "ademamix": "paged_ademamix_8bit", "rmsprop": "rmsprop_bnb_8bit"}
 
 
-def memory_overrides(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Settings that cut activation memory without changing what is learned: half the per-device
-    batch with twice the accumulation (the same effective batch), and gradient checkpointing.
+def _int(v: Any) -> int | None:
+    return v if type(v) is int else None
 
-    >>> memory_overrides({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2})
-    {'per_device_train_batch_size': 4, 'gradient_accumulation_steps': 4, 'gradient_checkpointing': True}
-    >>> memory_overrides({"per_device_train_batch_size": 1, "gradient_checkpointing": True})
-    {}
+
+def memory_ladder(config: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The memory remediation ladder for a run's config: each rung that applies, in order, as
+    ``{"remedy", "overrides", "why"}`` — vLLM sleep mode (colocated vLLM gives its share back while
+    training), a lower ``vllm_gpu_memory_utilization``, gradient checkpointing, 8-bit paged AdamW states,
+    half the per-device batch with twice the accumulation (the same batch; ``steps_per_generation`` doubled
+    too when set, so the generation batch stays), and, last, a shorter ``max_completion_length`` (it
+    changes what the policy may write). A field the config leaves out counts as not set.
+
+    >>> [r["remedy"] for r in memory_ladder({"use_vllm": True, "vllm_mode": "colocate",
+    ...     "vllm_gpu_memory_utilization": 0.5, "per_device_train_batch_size": 8,
+    ...     "gradient_accumulation_steps": 2, "max_completion_length": 1024})]  # doctest: +NORMALIZE_WHITESPACE
+    ['vllm_sleep_mode', 'lower_vllm_gpu_memory_utilization', 'gradient_checkpointing', 'low_bit_optimizer',
+     'smaller_micro_batch', 'shorter_completions']
+    >>> [r["overrides"] for r in memory_ladder({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2,
+    ...     "gradient_checkpointing": True, "optim": "paged_adamw_8bit"})]
+    [{'per_device_train_batch_size': 4, 'gradient_accumulation_steps': 4}]
     """
     cfg = config or {}
-    out: dict[str, Any] = {}
-    bs, ga = cfg.get("per_device_train_batch_size"), cfg.get("gradient_accumulation_steps", 1)
-    if type(bs) is int and bs >= 2 and bs % 2 == 0 and type(ga) is int and ga >= 1:
-        out["per_device_train_batch_size"] = bs // 2
-        out["gradient_accumulation_steps"] = ga * 2
-    if cfg.get("gradient_checkpointing") is not True:
-        out["gradient_checkpointing"] = True
+    out: list[dict[str, Any]] = []
+
+    def rung(remedy: str, overrides: dict[str, Any], why: str) -> None:
+        out.append({"remedy": remedy, "overrides": overrides, "why": why})
+
+    colocated = bool(cfg.get("use_vllm")) and str(cfg.get("vllm_mode") or "colocate") == "colocate"
+    if colocated and cfg.get("vllm_enable_sleep_mode") is not True:
+        rung("vllm_sleep_mode", {"vllm_enable_sleep_mode": True},
+             "the colocated vLLM engine gives its share of the GPU back while training runs")
+    util = cfg.get("vllm_gpu_memory_utilization")
+    util = float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) else 0.3
+    if colocated and util >= 0.25:
+        # One decisive cut (TRL's default 0.3 goes to 0.18): a restart tries each rung once.
+        rung("lower_vllm_gpu_memory_utilization", {"vllm_gpu_memory_utilization": round(max(0.15, util * 0.6), 2)},
+             "vLLM reserves less for its KV cache, and batches fewer sequences at once")
+    # transformers 5 renamed it activation_checkpointing and keeps gradient_checkpointing as an alias that
+    # the new name overrides: the diff sets the name the config itself carries.
+    name = "activation_checkpointing" if cfg.get("activation_checkpointing") is not None else "gradient_checkpointing"
+    if cfg.get(name) is not True:
+        rung("gradient_checkpointing", {name: True},
+             "activations are recomputed in the backward pass instead of kept, for about a third more compute")
+    optim = str(getattr(cfg.get("optim"), "value", cfg.get("optim")) or "adamw_torch_fused").lower()
+    if not any(h in optim for h in _LEAN_OPTIMIZERS):
+        # The same optimizer family in 8 bits (bitsandbytes), paged where bitsandbytes pages it.
+        low = next((v for k, v in _LOW_BIT.items() if optim.startswith(k)), "paged_adamw_8bit")
+        rung("low_bit_optimizer", {"optim": low},
+             "the optimizer states in 8 bits, paged to host memory under pressure; needs bitsandbytes")
+    bs, ga, spg = (_int(cfg.get(k)) for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                                                "steps_per_generation"))
+    ga = ga if ga is not None else 1
+    if bs is not None and bs >= 2 and bs % 2 == 0 and ga >= 1:
+        diff = {"per_device_train_batch_size": bs // 2, "gradient_accumulation_steps": ga * 2}
+        if spg is not None and spg >= 1:
+            diff["steps_per_generation"] = spg * 2
+        rung("smaller_micro_batch", diff,
+             "half the completions per forward pass with twice the accumulation: the same batch, half the "
+             "activations and logits")
+    cap = _int(cfg.get("max_completion_length"))
+    if cap is not None and cap >= 128:
+        rung("shorter_completions", {"max_completion_length": cap * 3 // 4},
+             "the last resort: logits and activations scale with length, but it caps what the policy may write")
     return out
+
+
+def ladder_text(ladder: Sequence[Mapping[str, Any]]) -> str:
+    """The ladder as one sentence, in order.
+
+    >>> ladder_text(memory_ladder({"gradient_checkpointing": True, "optim": "adamw_8bit"}))
+    ''
+    >>> ladder_text(memory_ladder({"optim": "adamw_8bit", "max_completion_length": 512}))
+    '1. gradient_checkpointing=True; 2. max_completion_length=384'
+    """
+    return "; ".join(f"{i}. " + ", ".join(f"{k}={v!r}" for k, v in r["overrides"].items())
+                     for i, r in enumerate(ladder, 1))
 
 
 class MemoryPressure(Detector):
@@ -68,7 +139,7 @@ class MemoryPressure(Detector):
     ...     found += det.update(step, {"system/gpu_peak_reserved_gib": peak, "system/gpu_total_gib": 80.0,
     ...                                "completions/max_length": length})
     >>> [(f.severity, f.step, f.evidence["remedy"]) for f in found]
-    [('warning', 48, 'reduce_activation_memory'), ('critical', 57, 'reduce_activation_memory')]
+    [('warning', 48, 'gradient_checkpointing'), ('critical', 57, 'gradient_checkpointing')]
     """
 
     id = "memory_pressure"
@@ -168,12 +239,13 @@ class MemoryPressure(Detector):
         level = 0
         if near or heading:
             level = 2 if recent >= self.critical else 1
-            if memory_overrides(self.context.config):
-                ev["remedy"] = REMEDY
-            ev["advice"] = ("Peak memory is near the device's capacity and grows with completion length: halve "
-                            "per_device_train_batch_size (doubling gradient_accumulation_steps keeps the batch), turn on "
-                            "gradient_checkpointing, lower max_completion_length if the task allows, or set "
-                            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation.")
+            ladder = memory_ladder(self.context.config)
+            if ladder:
+                ev["remedy"] = ladder[0]["remedy"]
+                ev["ladder"] = [r["remedy"] for r in ladder]
+            ev["advice"] = ("Peak memory is near the device's capacity and grows with completion length. Try, in order: "
+                            + (ladder_text(ladder) or "nothing left in GRPOConfig (every rung is in the config)")
+                            + ". Against fragmentation, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
         return Assessment(level=level, evidence=ev, onset_step=self.above_since if level else None)
 
     def _lengths_rising(self) -> bool:
@@ -198,7 +270,9 @@ class MemoryPressure(Detector):
         return ys[-1] + slope * max(0.0, self.cap - xs[-1])
 
     def _overrides(self) -> dict[str, Any]:
-        return memory_overrides(self.context.config)
+        # The ladder's first rung: a restart tries it, and the next segment's config moves on to the next.
+        ladder = memory_ladder(self.context.config)
+        return dict(ladder[0]["overrides"]) if ladder else {}
 
     def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
         lead = "Out of memory is imminent" if severity == "critical" else "Memory pressure"
@@ -207,4 +281,7 @@ class MemoryPressure(Detector):
                 f"rose with the longest completion ({evidence.get('early_max_length')} to {evidence.get('max_length')} tokens).")
         if evidence.get("projected_peak_frac_at_cap") is not None:
             text += f" At the length cap it would reach {evidence.get('projected_peak_frac_at_cap')} of it."
-        return text + " Lower per_device_train_batch_size or turn on gradient_checkpointing."
+        ladder = memory_ladder(self.context.config)
+        if ladder:
+            return text + f" First: {ladder_text(ladder[:1])[3:]} ({ladder[0]['why']}); then the rest of the ladder."
+        return text + " Every memory setting of GRPOConfig is already in use: a larger device or sharding (ZeRO-3/FSDP)."

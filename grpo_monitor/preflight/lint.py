@@ -15,7 +15,10 @@ or sequence-level ratio that cannot act on-policy), ``config_moe_gspo`` (warning
 not on GSPO), ``config_vlm`` (warning: out of the recipe's scope), ``config_logging_steps`` (info:
 coarser detection), ``config_max_completion_length`` (warning: most completions truncated),
 ``config_bf16`` (critical: bf16 where the device has none), ``config_memory`` (from the memory
-estimate: critical when it will not fit, warning within 10%). The vLLM pre-flight: ``config_vllm_off``
+estimate: critical when it will not fit, warning within 10%; its diff climbs the memory remediation
+ladder, ``detectors.memory_pressure.memory_ladder``, rung by rung until the estimate fits),
+``config_unified_memory`` (info: decode-heavy rollouts on a device sharing its memory with the CPU,
+DGX Spark / GB10 or Grace-Hopper, with the least decode time its bandwidth allows). The vLLM pre-flight: ``config_vllm_off``
 (warning: no vLLM on a multi-GPU CUDA run), ``config_vllm_is_correction`` (warning: the
 importance-sampling correction turned off), ``config_vllm_server_host`` (warning: server mode with
 no address to connect to), ``config_vllm_memory`` (critical: vLLM's colocated share cannot hold the
@@ -75,6 +78,8 @@ LARGE_MODEL_PARAMETERS = 1_000_000_000
 
 # vLLM needs room for a CUDA graph / activation workspace beside weights and KV cache.
 VLLM_WORKSPACE_GIB = 1.0
+# Completions this long make a rollout decode-heavy: decode, bound by memory bandwidth, dominates it.
+DECODE_HEAVY_TOKENS = 1024
 
 
 def _finding(rule: str, severity: str, message: str, evidence: dict[str, Any],
@@ -194,6 +199,7 @@ def lint(
     clipped_ratio: float | None = None,
     prompt_length: int | None = None,
     details: dict[str, Any] | None = None,
+    device_facts: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
     """Check a GRPO configuration against the recipe; returns ``config_*`` findings at step 0.
 
@@ -208,6 +214,8 @@ def lint(
     given, receives what the judgement rested on: ``device`` (judged for), ``device_from``
     (``"given"``, ``"config"``, ``"this machine"``), ``device_reasons``, ``local_device`` and the
     memory ``estimate`` (one ``MemoryEstimate``, the one ``config_memory`` quotes; None without a model).
+    ``device_facts`` is what the GPU reports of itself (``preflight.memory.detect_device_facts``, a run
+    header's ``device``): on a unified-memory machine it enables ``config_unified_memory``.
     """
     raw = config_dict(config)
     cfg = with_grpo_defaults(raw)
@@ -422,7 +430,56 @@ def lint(
         f = est.finding()
         if f is not None:
             out.append(f)
+    if kind != "cpu" and device_facts:
+        f = unified_memory_finding(cfg, shape, device_facts, est)
+        if f is not None:
+            out.append(f)
     return out
+
+
+def unified_memory_finding(cfg: Mapping[str, Any], shape: Mapping[str, Any], device_facts: Mapping[str, Any],
+                           est: Any = None) -> Finding | None:
+    """``config_unified_memory`` (info): a decode-heavy rollout (``max_completion_length`` of
+    ``DECODE_HEAVY_TOKENS`` or more) on a device that shares its memory with the CPU, recognised by what it
+    reports (``core.device.unified_memory``), with the least decode time the memory's bandwidth allows."""
+    from grpo_monitor.core.device import decode_floor, unified_memory
+
+    um = unified_memory(device_facts)
+    cap = int(_num(cfg.get("max_completion_length")) or 0)
+    if um is None or cap < DECODE_HEAVY_TOKENS:
+        return None
+    params = _num(shape.get("num_parameters"))
+    # The rollout engine's copy of the weights: vLLM serves 16-bit weights; transformers generate the trained ones.
+    weights = (2.0 * params if cfg.get("use_vllm") else float(est.terms["weights"]) if est is not None
+               else 2.0 * params) if params else None
+    ev: dict[str, Any] = {"device": um["name"], "kind": um["kind"], "recognised_by": um["evidence"],
+                          "bandwidth_gbs": um["bandwidth_gbs"], "max_completion_length": cap,
+                          "decode_heavy_tokens": DECODE_HEAVY_TOKENS}
+    floor = decode_floor(weights, um["bandwidth_gbs"], cap) if weights else None
+    cost = ""
+    if floor is not None:
+        ev.update(weights_gb=round(weights / 1e9, 2), decode_step_ms=round(floor["decode_step_ms"], 2),
+                  rollout_s=round(floor["rollout_s"], 1))
+        cost = (f": with {weights / 1e9:.1f} GB of weights read once per generated token, a {cap}-token rollout takes "
+                f"at least {floor['rollout_s']:.0f} s ({floor['decode_step_ms']:.1f} ms per token), KV-cache reads on top")
+    if um["kind"] == "grace_hopper":
+        spill = decode_floor(weights, um["spill_bandwidth_gbs"], cap) if weights else None
+        if spill is not None:
+            ev["rollout_s_from_cpu_memory"] = round(spill["rollout_s"], 1)
+        message = (f"{um['label']}: the GPU decodes from its HBM at about {um['bandwidth_gbs']:,.0f} GB/s{cost}, but "
+                   f"weights or KV cache placed in the Grace CPU's memory (managed-memory oversubscription, CPU "
+                   f"offload, vLLM's cpu_offload_gb or swap space) are read over NVLink-C2C at about "
+                   f"{um['spill_bandwidth_gbs']:,.0f} GB/s"
+                   + (f", {spill['rollout_s']:.0f} s per rollout" if spill is not None else "")
+                   + ". Keep the rollout engine's weights and KV cache in HBM for these decode-heavy rollouts.")
+    else:
+        bw = f"about {um['bandwidth_gbs']:,.0f} GB/s" if um["bandwidth_gbs"] else "the host memory's bandwidth"
+        message = (f"{um['label']}: rollouts of up to {cap} tokens are decode-heavy, and decoding is bound by the "
+                   f"memory bandwidth, {bw} here against about 3,350 GB/s on an H100's HBM{cost}. Expect generation "
+                   "to dominate each step: a shorter max_completion_length, a smaller model, or num_iterations > 1 "
+                   "(each rollout reused for several updates, off-policy) cut it; what the CPU side holds (the "
+                   "dataloader, the Python process) comes out of the same memory.")
+    return _finding("unified_memory", "info", message, ev)
 
 
 def _vllm_checks(cfg: Mapping[str, Any], raw: Mapping[str, Any], shape: Mapping[str, Any], kind: str | None,
@@ -537,6 +594,7 @@ def trainer_facts(trainer: Any) -> dict[str, Any]:
     kind = getattr(device, "type", None) or (str(device).split(":")[0] if device is not None else None)
     memory = None
     bf16_ok = None
+    facts = None
     if kind == "cuda":
         try:
             import torch
@@ -545,6 +603,9 @@ def trainer_facts(trainer: Any) -> dict[str, Any]:
             bf16_ok = bool(torch.cuda.is_bf16_supported())
         except Exception:
             pass
+        from grpo_monitor.preflight.memory import detect_device_facts
+
+        facts = detect_device_facts()
     elif kind is not None and kind != "cuda":
         bf16_ok = None if kind not in ("cpu",) else False
     return {
@@ -556,6 +617,7 @@ def trainer_facts(trainer: Any) -> dict[str, Any]:
         "device_kind": kind if kind in ("cuda", "cpu") else None,
         "bf16_supported": bf16_ok,
         "device_memory_gib": memory,
+        "device_facts": facts,
     }
 
 
@@ -655,6 +717,8 @@ def lint_path(path: str | os.PathLike[str], **kwargs: Any) -> tuple[list[Finding
         kwargs.setdefault("reward_names", header.get("reward_funcs"))
         kwargs.setdefault("num_devices", header.get("world_size"))
         kwargs.setdefault("first_run", not header.get("parent_run"))
+        if isinstance(header.get("device"), Mapping):  # the GPU the run trained on, as NVML reported it
+            kwargs["device_facts"] = header["device"]
         if kwargs.get("completion_lengths") is None and kwargs.get("clipped_ratio") is None:
             kwargs["clipped_ratio"] = _first_steps_clipped(log.steps)
         if model is None and facts:
@@ -718,6 +782,9 @@ def add_lint_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                              "bf16, vLLM, DeepSpeed/FSDP, ... is judged for a CUDA GPU; otherwise this machine)")
     parser.add_argument("--device-memory-gib", type=float, default=None,
                         help="memory per device in GiB (default: this machine's first GPU)")
+    parser.add_argument("--device-name", default=None,
+                        help="the GPU the run trains on as it names itself (e.g. 'NVIDIA GB10', 'NVIDIA GH200 480GB'), "
+                             "for the unified-memory check (default: this machine's GPU, or the run's)")
     parser.add_argument("--prompt-length", type=int, default=None, help="prompt tokens for the activation estimate")
     parser.add_argument("--not-first-run", action="store_true",
                         help="skip the first-run advice on learning_rate and beta")
@@ -727,14 +794,18 @@ def add_lint_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def run_lint_cli(args: argparse.Namespace) -> int:
     """Exit 0 when no warning/critical finding, 1 when some, 2 on unusable input."""
-    from grpo_monitor.preflight.memory import detect_device_memory_gib
+    from grpo_monitor.preflight.memory import detect_device_facts, detect_device_memory_gib
 
     device = None if args.device == "auto" else args.device
     memory_gib = args.device_memory_gib
-    if memory_gib is None and device != "cpu":
+    facts = None
+    if memory_gib is None and device != "cpu":  # judged for this machine's GPU: its memory and what it is
         memory_gib = detect_device_memory_gib()
+        facts = detect_device_facts() if memory_gib else None
+    if args.device_name:
+        facts = {"name": args.device_name}
     kwargs: dict[str, Any] = {"device_kind": device, "device_memory_gib": memory_gib,
-                              "prompt_length": args.prompt_length}
+                              "prompt_length": args.prompt_length, "device_facts": facts}
     if args.num_devices is not None:
         kwargs["num_devices"] = args.num_devices
     if args.not_first_run:

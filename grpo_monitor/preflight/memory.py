@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.core.model_config import VLM_HINTS, moe_facts
+from grpo_monitor.detectors.memory_pressure import ladder_text, memory_ladder
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
@@ -42,6 +43,15 @@ FUSED_VOCAB_TILE = 32768
 DEFAULT_PROMPT_LENGTH = 512
 RUNTIME_OVERHEAD_GIB = 1.0  # CUDA context, cuBLAS workspaces, allocator fragmentation
 TIGHT_FRACTION = 0.9
+# How the config_memory finding names each rung of the memory ladder.
+LADDER_TITLES = {
+    "vllm_sleep_mode": "vLLM sleep mode frees the vLLM share during training",
+    "lower_vllm_gpu_memory_utilization": "a smaller vLLM share",
+    "gradient_checkpointing": "gradient checkpointing",
+    "low_bit_optimizer": "8-bit paged AdamW states",
+    "smaller_micro_batch": "fewer completions per micro-batch, the same batch",
+    "shorter_completions": "shorter completions (the last resort)",
+}
 
 # GRPOConfig's defaults in TRL 1.16 for every field the lint and the estimate read. A saved config may
 # omit any of them; grpo_defaults() replaces these with the installed TRL's own values when TRL imports,
@@ -298,6 +308,8 @@ class MemoryEstimate:
     device_memory: int | None
     assumptions: list[str] = field(default_factory=list)
     levers: list[str] = field(default_factory=list)
+    # The memory remediation ladder sized rung by rung (``estimate``): diff, why, and the peak with it.
+    ladder: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def peak(self) -> int:
@@ -325,6 +337,7 @@ class MemoryEstimate:
             "fits": self.fits,
             "assumptions": list(self.assumptions),
             "levers": list(self.levers),
+            "ladder": [dict(r) for r in self.ladder],
         }
 
     def table(self) -> str:
@@ -343,6 +356,10 @@ class MemoryEstimate:
                          f"({100 * self.peak / self.device_memory:.0f}% of the device)")
         for a in self.assumptions:
             lines.append(f"assumed: {a}")
+        if self.ladder:
+            lines.append("memory ladder, in order (peak with each rung and the ones above it):")
+            for i, r in enumerate(self.ladder, 1):
+                lines.append(f"  {i}. {ladder_text([r])[3:]} -> {_gib(r['peak_bytes'])} GiB: {r['why']}")
         return "\n".join(lines)
 
     def finding(self, step: int = 0) -> Any:
@@ -355,20 +372,34 @@ class MemoryEstimate:
         msg = (f"Estimated peak {_gib(self.peak)} GiB per device "
                f"{'exceeds' if over else 'is within 10% of'} the {_gib(self.device_memory)} GiB available. "
                f"Levers: {'; '.join(self.levers)}.")
+        # The diff: the ladder climbed, in order, up to the first rung that leaves 10% of the device free
+        # (else the first that fits, else all of it).
+        overrides: dict[str, Any] = {}
+        climbed = 0
+        roomy = next((i for i, r in enumerate(self.ladder) if r["peak_bytes"] <= TIGHT_FRACTION * self.device_memory), None)
+        fits = next((i for i, r in enumerate(self.ladder) if r["fits"]), None)
+        upto = roomy if roomy is not None else fits if fits is not None else len(self.ladder) - 1
+        for r in self.ladder[: upto + 1]:
+            overrides.update(r["overrides"])
+            climbed += 1
+        if climbed:
+            last = self.ladder[upto]
+            msg += (f" The ladder's first {climbed} rung{'s' if climbed > 1 else ''} bring{'' if climbed > 1 else 's'} "
+                    f"it to {_gib(last['peak_bytes'])} GiB" + ("" if last["fits"] else ", still too much") + ".")
         return Finding(
             detector="config_memory",
             severity="critical" if over else "warning",
             step=step,
             onset_step=None,
             variant=None,
-            config_overrides=self._overrides,
+            config_overrides=overrides,
             evidence={"peak_bytes": self.peak, "device_memory_bytes": self.device_memory,
                       "terms": dict(self.terms), "train_phase": self.train_phase,
-                      "generation_phase": self.generation_phase},
+                      "generation_phase": self.generation_phase,
+                      "ladder": [{"remedy": r["remedy"], "overrides": dict(r["overrides"]), "peak_bytes": r["peak_bytes"]}
+                                 for r in self.ladder]},
             message=msg,
         )
-
-    _overrides: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 def _gib(v: int | None) -> str:
@@ -429,6 +460,49 @@ def detect_device_memory_gib() -> float | None:
     return None
 
 
+def cuda_device(initialised_only: bool = False) -> dict[str, Any] | None:
+    """This process's current CUDA device as torch reports it: ``index``, ``uuid`` (as NVML names it,
+    ``GPU-…``), ``name``, ``total_gib`` and ``integrated`` (torch's ``is_integrated``). None without
+    torch or a CUDA device; with ``initialised_only``, None too where this process has not initialised
+    CUDA (asking would create a CUDA context on a run that trains elsewhere)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        if not torch.cuda.is_available() or (initialised_only and not torch.cuda.is_initialized()):
+            return None
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+    except Exception:
+        return None
+    uuid = getattr(props, "uuid", None)
+    uuid = str(uuid) if uuid is not None else None
+    if uuid and not uuid.startswith(("GPU-", "MIG-")):
+        uuid = "GPU-" + uuid  # torch prints the bare UUID; NVML names devices by "GPU-<uuid>"
+    return {"index": int(index), "uuid": uuid, "name": getattr(props, "name", None),
+            "total_gib": getattr(props, "total_memory", 0) / GIB or None,
+            "integrated": bool(getattr(props, "is_integrated", False))}
+
+
+def detect_device_facts() -> dict[str, Any] | None:
+    """What this machine's CUDA device reports of itself, for the unified-memory check: ``cuda_device``
+    and whether NVML reports memory of its own (``memory_info``; False on a GB10). NVML is opened only
+    when ``nvidia-ml-py`` is installed, and closed again. None without a CUDA device."""
+    facts = cuda_device()
+    if facts is None:
+        return None
+    from grpo_monitor.core.device import NvmlDevice, load_nvml
+
+    nvml = load_nvml()
+    handle = NvmlDevice.open(nvml, facts["uuid"] or facts["index"]) if nvml is not None else None
+    if handle is not None:
+        facts["memory_info"] = handle.facts["memory_info"]
+        facts["name"] = handle.facts["name"] or facts["name"]
+        handle.close()
+    return facts
+
+
 def estimate(
     config: Any,
     model_facts_or_model: Any,
@@ -447,10 +521,29 @@ def estimate(
     512 tokens (TRL 1.16 no longer truncates prompts). ``fused_lm_head`` defaults to whether the
     installed TRL scores through its tiled LM head (1.16+). ``device_kind='cpu'`` drops the CUDA
     runtime overhead.
+
+    With the device memory known, ``ladder`` holds the memory remediation ladder
+    (``detectors.memory_pressure.memory_ladder``) sized rung by rung: each rung's diff and the peak
+    with it and every rung before it applied.
     """
     raw = config_dict(config)
-    cfg = with_grpo_defaults(raw)
     shape = model_shape(model_facts_or_model)
+    options = dict(num_devices=num_devices, device_memory_gib=device_memory_gib, prompt_length=prompt_length,
+                   attn_implementation=attn_implementation, fused_lm_head=fused_lm_head, device_kind=device_kind)
+    est = _size(raw, shape, **options)
+    if est.device_memory is not None:
+        applied: dict[str, Any] = {}
+        for rung in memory_ladder(with_grpo_defaults(raw)):
+            applied.update(rung["overrides"])
+            after = _size({**raw, **applied}, shape, **options)
+            est.ladder.append({**rung, "peak_bytes": after.peak, "fits": bool(after.fits)})
+    return est
+
+
+def _size(raw: dict[str, Any], shape: dict[str, Any], *, num_devices: int | None, device_memory_gib: float | None,
+          prompt_length: int | None, attn_implementation: str | None, fused_lm_head: bool | None,
+          device_kind: str | None) -> MemoryEstimate:
+    cfg = with_grpo_defaults(raw)
     n_dev = max(1, int(num_devices or 1))
     assumptions: list[str] = []
     formulas: dict[str, str] = {}
@@ -612,33 +705,19 @@ def estimate(
     generation = resident + vllm_b
     train = resident + known["gradients"] + known["activations"] + known["logits"] + (0 if sleep else vllm_b)
 
-    levers: list[str] = []
-    overrides: dict[str, Any] = {}
-    if colocate and not sleep:
-        levers.append("vLLM sleep mode (vllm_enable_sleep_mode=True) frees the vLLM share during training")
-        overrides["vllm_enable_sleep_mode"] = True
-    if not ckpt and terms["activations"]:
-        levers.append("gradient checkpointing (gradient_checkpointing=True)")
-        overrides["gradient_checkpointing"] = True
+    # The ladder's rungs first, in its order (each a GRPOConfig diff), then what no single flag does.
+    levers = [f"{LADDER_TITLES.get(r['remedy'], r['remedy'])} ({ladder_text([r])[3:]})" for r in memory_ladder(cfg)]
     if w_bytes == 4 and not shape.get("measured"):
         levers.append("load the weights in bfloat16 (model_init_kwargs={'dtype': 'bfloat16'})")
-    if optim in _OPTIMIZERS and _OPTIMIZERS[optim][0] >= 2 and (_OPTIMIZERS[optim][1] or 4) >= 2:
-        levers.append("8-bit or paged AdamW (optim='adamw_8bit' / 'paged_adamw_8bit')")
-        overrides.setdefault("optim", "paged_adamw_8bit")
     if n_dev > 1 and stage < 3 and "full_shard" not in fsdp:
         levers.append(f"ZeRO-2/3 or FSDP full_shard across the {n_dev} devices (deepspeed=... / fsdp='full_shard')")
     elif n_dev == 1:
         levers.append("more devices with ZeRO-3 / FSDP full_shard, or ZeRO offload of optimizer states")
-    if b > 1:
-        levers.append(f"fewer completions per device (per_device_train_batch_size={max(1, b // 2)}, "
-                      f"gradient_accumulation_steps x2 keeps the batch)")
     if beta > 0:
         levers.append("beta=0.0 drops the reference model")
 
-    est = MemoryEstimate(terms=terms, formulas=formulas, train_phase=int(train), generation_phase=int(generation),
-                         num_devices=n_dev, device_memory=device_memory, assumptions=assumptions, levers=levers)
-    est._overrides = overrides
-    return est
+    return MemoryEstimate(terms=terms, formulas=formulas, train_phase=int(train), generation_phase=int(generation),
+                          num_devices=n_dev, device_memory=device_memory, assumptions=assumptions, levers=levers)
 
 
 def layer_activation_elements(shape: Mapping[str, Any], seq_len: int, attn_impl: str = "sdpa") -> tuple[int, int]:

@@ -28,6 +28,7 @@ from grpo_monitor.app.dashboard.messages import RecordsArrived, SourceFailed
 from grpo_monitor.app.dashboard.model import RunModel
 from grpo_monitor.app.dashboard.tail import RunTailer
 from grpo_monitor.app.dashboard.widgets.board import DetectorPanel
+from grpo_monitor.app.dashboard.widgets.device import DevicePanel
 from grpo_monitor.app.dashboard.widgets.header import RunHeader
 from grpo_monitor.app.dashboard.widgets.help import HelpScreen
 from grpo_monitor.app.dashboard.widgets.moe import MoePanel
@@ -36,14 +37,17 @@ from grpo_monitor.app.dashboard.widgets.overview import OverviewPanel
 from grpo_monitor.app.dashboard.widgets.recommendations import RecommendationPanel
 from grpo_monitor.app.dashboard.widgets.samples import SamplesPanel
 
-TABS = ["overview", "detectors", "recommendations", "samples", "moe"]
+TABS = ["overview", "detectors", "recommendations", "samples", "moe", "device"]
 TAB_TITLES = {
     "overview": "Overview",
     "detectors": "Detectors",
     "recommendations": "Recommendations",
     "samples": "Samples",
     "moe": "MoE",
+    "device": "Device",
 }
+# Panels shown only once the run has what they draw.
+OPTIONAL_TABS = ("moe", "device")
 POLL_INTERVAL = 0.2
 THEMES = ("textual-dark", "textual-light")
 
@@ -140,22 +144,26 @@ class DashboardScreen(Screen[None]):
                 yield SamplesPanel(id="samples-panel")
             with TabPane("5 MoE", id="moe"):
                 yield MoePanel(id="moe-panel")
+            with TabPane("6 Device", id="device"):
+                yield DevicePanel(id="device-panel")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(TabbedContent).hide_tab("moe")
-        self._moe_shown = False
+        for tab in OPTIONAL_TABS:
+            self.query_one(TabbedContent).hide_tab(tab)
+        self._shown: set[str] = set()
         self._dirty: set[str] = set(TABS)
         self._labels: dict[str, str] = {}
         self.query_one(OverviewPanel).bind(self.model)
         self.query_one(MoePanel).bind(self.model)
+        self.query_one(DevicePanel).bind(self.model)
 
     @property
     def model(self) -> RunModel:
         return self.app.model  # type: ignore[attr-defined]
 
     def visible_tabs(self) -> list[str]:
-        return [t for t in TABS if t != "moe" or self._moe_shown]
+        return [t for t in TABS if t not in OPTIONAL_TABS or t in self._shown]
 
     def action_show_tab(self, tab: str) -> None:
         if tab in self.visible_tabs():
@@ -213,10 +221,13 @@ class DashboardScreen(Screen[None]):
             affected.add("samples")
         if changed & {"moe", "steps", "rewind", "header"} and model.is_moe:
             affected.add("moe")
+        if changed & {"steps", "rewind", "header"} and model.has_device:
+            affected.add("device")
         self._dirty |= affected
-        if model.is_moe and not self._moe_shown:
-            self._moe_shown = True
-            self.query_one(TabbedContent).show_tab("moe")
+        for tab, has in (("moe", model.is_moe), ("device", model.has_device)):
+            if has and tab not in self._shown:
+                self._shown.add(tab)
+                self.query_one(TabbedContent).show_tab(tab)
         self._relabel()
         active = self.query_one(TabbedContent).active
         if active in self._dirty and active != "overview":

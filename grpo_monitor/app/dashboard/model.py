@@ -179,6 +179,11 @@ class RunModel:
         )
 
     @property
+    def has_device(self) -> bool:
+        """The run logged NVML device readings (``core.device``; torch's own memory metrics are not them)."""
+        return self.store.has("system/gpu_samples")
+
+    @property
     def finished(self) -> bool:
         return self.summary is not None
 

@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 HELP = [
     ("Keys", None),
-    ("1 … 5", "Overview, Detectors, Recommendations, Samples, MoE"),
+    ("1 … 6", "Overview, Detectors, Recommendations, Samples, MoE, Device"),
     ("Tab / Shift+Tab", "next / previous panel"),
     ("↑ ↓ PgUp PgDn", "scroll, move the table cursor"),
     ("/", "filter samples: 12 · 10-20 · correct · incorrect · truncated · any text"),
@@ -29,6 +29,8 @@ HELP = [
     ("Recommendations", "the GRPO variant to switch to, as Python and as CLI flags, with the reasons"),
     ("Samples", "every recorded completion with its rewards; model output is shown verbatim"),
     ("MoE", "expert load per layer over steps, routing flip rate, aux loss (MoE runs only)"),
+    ("Device", "GPU utilisation, SM clock, throttle reasons, temperature, power, generation's share of the time, "
+               "device memory (runs that log NVML readings only)"),
 ]
 
 
