@@ -120,6 +120,30 @@ def test_tailer_follows_a_restart_into_its_child_run(tmp_path: Path) -> None:
     assert kinds.count("header") == 1 and kinds.count("step") == 3 and kinds.count("sample") == 6
 
 
+def test_tailer_follows_a_lineage_past_its_second_restart(tmp_path: Path) -> None:
+    # Segments are siblings under the lineage root: segment-1's restart names segment-2 beside it.
+    d = tmp_path / "run"
+    w = RunWriter(d)
+    w.header(**header())
+    append_steps(w, range(1, 4), samples_per_step=0, findings=False)
+    w.write({"type": "restart", "step": 3, "variant": "dapo", "config_overrides": {}, "resume_from": None,
+             "child_run": "segment-1"})
+    first = RunWriter(d / "segment-1")
+    first.header(**header(segment=1, parent_run="r0"))
+    append_steps(first, range(3, 6), samples_per_step=0, findings=False)
+    first.write({"type": "restart", "step": 5, "variant": "lower_learning_rate", "config_overrides": {},
+                 "resume_from": None, "child_run": "segment-2"})
+    second = RunWriter(d / "segment-2")
+    second.header(**header(segment=2, parent_run="r1"))
+    append_steps(second, range(5, 9), samples_per_step=0, findings=False)
+    tailer = RunTailer(d)
+    kinds = []
+    for _ in range(4):
+        kinds += [r["type"] for r in tailer.poll().records]
+    assert tailer.dirs == [d, d / "segment-1", d / "segment-2"]
+    assert kinds.count("header") == 3 and kinds.count("step") == 3 + 3 + 4
+
+
 def test_model_rewinds_when_a_resumed_run_logs_steps_again() -> None:
     m = RunModel()
     m.ingest([{"type": "step", "step": s, "metrics": {"entropy": 1.0}} for s in range(1, 11)])

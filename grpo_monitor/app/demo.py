@@ -274,6 +274,7 @@ def _progress_callback(total: int):
 
 def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> None:
     from grpo_monitor.core.recommend import title as rec_title
+    from grpo_monitor.core.restart import child_run_dir
     from grpo_monitor.core.runlog import read_run
 
     log = read_run(run_dir)
@@ -301,6 +302,6 @@ def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> No
             print(f"      also: {key} {advice}")
     for r in log.restarts:
         print(f"  stopped at step {r['step']} to restart with {r['variant']} "
-              f"(resume from {r['resume_from'] or 'the initial model'}) → {run_dir / r['child_run']}")
+              f"(resume from {r['resume_from'] or 'the initial model'}) → {child_run_dir(run_dir, r['child_run'])}")
     print(f"  run directory: {run_dir}")
     print(f"  next: grpo-monitor analyze {run_dir}   |   grpo-monitor watch {run_dir}")
