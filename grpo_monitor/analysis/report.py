@@ -3,7 +3,9 @@
 The replay feeds each logged step (and its samples, for our run directories) through the same
 ``Engine`` the callback uses, in step order, so a finding's ``step`` is the step at which the
 live monitor raised or would have raised it. A run directory's ``config_*`` findings (the
-pre-flight checks the callback wrote at the start) are part of its report, as they were live.
+pre-flight checks the callback wrote at the start) are part of its report, as they were live, with
+their recommendations; they are advice on the recipe and never set the verdict, so one run gets one
+verdict whichever of its logs (run directory, console log, checkpoint) is read.
 
 Every report says which detectors could judge the run and why the others could not. A run no
 failure detector could judge is never called healthy: its verdict is ``cannot_judge``, with the
@@ -90,8 +92,20 @@ class RunReport:
                 if c.get("role") == "failure" and c.get("status") != "judged" and c.get("status") != "not_applicable"}
 
     @property
+    def training_findings(self) -> list[Finding]:
+        """The detectors' findings about the training, without the pre-flight ``config_*`` ones."""
+        return [f for f in self.findings if not is_preflight(f)]
+
+    @property
+    def preflight_findings(self) -> list[Finding]:
+        """The pre-flight ``config_*`` findings a run directory records: advice on the recipe."""
+        return [f for f in self.findings if is_preflight(f)]
+
+    @property
     def worst_severity(self) -> int:
-        return max((SEVERITY_RANK.get(f.severity, 0) for f in self.findings), default=-1)
+        # The verdict is about the training: the recipe's pre-flight findings are shown with their
+        # recommendations but a run directory, its console log and its checkpoint get one verdict.
+        return max((SEVERITY_RANK.get(f.severity, 0) for f in self.training_findings), default=-1)
 
     @property
     def verdict(self) -> str:
@@ -108,7 +122,7 @@ class RunReport:
 
     @property
     def flagged(self) -> bool:
-        return any(f.severity in ("warning", "critical") for f in self.findings)
+        return any(f.severity in ("warning", "critical") for f in self.training_findings)
 
     @property
     def exit_code(self) -> int:
@@ -143,6 +157,12 @@ class RunReport:
         return out
 
 
+def is_preflight(finding: Finding | Mapping[str, Any]) -> bool:
+    """A pre-flight ``config_*`` finding (the recipe lint's), not a detector's finding about the training."""
+    det = finding.get("detector") if isinstance(finding, Mapping) else getattr(finding, "detector", "")
+    return str(det or "").startswith("config_")
+
+
 @dataclass
 class Report:
     runs: list[RunReport]
@@ -150,6 +170,22 @@ class Report:
     errors: list[tuple[str, str]] = field(default_factory=list)
     # Loose files beside the runs of a folder that looked like logs but did not read as one.
     skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """The verdict over every run, worst first as the exit code ranks them: ``critical``, ``warning``,
+        ``unreadable`` (a run found could not be read), ``cannot_judge``, ``incomplete``, ``healthy``;
+        a single run's own verdict when one was analysed."""
+        verdicts = {r.verdict for r in self.runs}
+        for v in ("critical", "warning"):
+            if v in verdicts:
+                return v
+        if self.errors or not self.runs:
+            return "unreadable"
+        for v in ("cannot_judge", "incomplete"):
+            if v in verdicts:
+                return v
+        return "healthy"
 
     @property
     def exit_code(self) -> int:
@@ -857,6 +893,25 @@ def verdict_line(run: RunReport) -> str:
     return text
 
 
+def shown_recommendations(recs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records as a report shows them: a warning's advice that a later critical finding turned into a
+    recommendation (of the same change, or of the same detector) is shown once, as the recommendation
+    (``--json`` keeps both).
+
+    >>> recs = [{"variant": "lower_learning_rate", "status": "advice", "detector": "sudden_collapse"},
+    ...         {"variant": "lower_learning_rate", "status": "recommended", "detector": "sudden_collapse"},
+    ...         {"variant": "dapo", "status": "advice", "detector": "entropy_collapse"}]
+    >>> [(r["variant"], r["status"]) for r in shown_recommendations(recs)]
+    [('lower_learning_rate', 'recommended'), ('dapo', 'advice')]
+    """
+    from grpo_monitor.core.recommend import ADVICE, CODE_CHANGE, RECOMMENDED
+
+    confirmed = [r for r in recs if (r.get("status") or RECOMMENDED) == RECOMMENDED]
+    switched = {r.get("variant") for r in confirmed} - {CODE_CHANGE}
+    by = {r.get("detector") for r in confirmed}
+    return [r for r in recs if not (r.get("status") == ADVICE and (r.get("variant") in switched or r.get("detector") in by))]
+
+
 def render_text(report: Report) -> str:
     out: list[str] = []
     for run in report.runs:
@@ -875,17 +930,20 @@ def render_text(report: Report) -> str:
         for w in run.warnings:
             out.append(f"  note: {w}")
         out.extend(coverage_lines(run))
-        if run.findings:
-            out.append("findings:")
-        for f in run.findings:
-            onset = f" (onset ~{f.onset_step})" if f.onset_step is not None else ""
-            variant = f" → {f.variant}" if f.variant else ""
-            out.append(f"  step {f.step} [{f.severity}] {f.detector}{onset}{variant}: {f.message}")
-            if f.evidence:
-                out.append("      evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in list(f.evidence.items())[:8]))
+        for title, group in (("findings:", run.training_findings),
+                             ("pre-flight (the recipe, checked when training began; not part of the verdict):",
+                              run.preflight_findings)):
+            if group:
+                out.append(title)
+            for f in group:
+                onset = f" (onset ~{f.onset_step})" if f.onset_step is not None else ""
+                variant = f" → {f.variant}" if f.variant else ""
+                out.append(f"  step {f.step} [{f.severity}] {f.detector}{onset}{variant}: {f.message}")
+                if f.evidence:
+                    out.append("      evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in list(f.evidence.items())[:8]))
         if run.recommendations:
             out.append("recommendations:")
-        for r in run.recommendations:
+        for r in shown_recommendations(run.recommendations):
             out.append(f"  {rec_title(r)} — from {r['detector']} at step {r['step']}")
             out.extend(f"      {r[k]}" for k in ("python", "cli_flags") if r.get(k))
             for reason in r["reasons"][1:]:
@@ -915,7 +973,7 @@ def render_text(report: Report) -> str:
 def _table_rows(report: Report) -> list[tuple[str, ...]]:
     rows = []
     for r in report.runs:
-        dets = ", ".join(sorted({f.detector for f in r.findings if f.severity != "info"})) or "—"
+        dets = ", ".join(sorted({f.detector for f in r.training_findings if f.severity != "info"})) or "—"
         variants = ", ".join(sorted({x["variant"] + ("" if x.get("status", "recommended") == "recommended" else f" ({x['status']})")
                                      for x in r.recommendations})) or "—"
         judged = f"{len(r.judged_by)}/{len(r.judged_by) + len(r.not_judged)}" if r.coverage else "—"
@@ -957,7 +1015,7 @@ def render_markdown(report: Report) -> str:
                 out.append(f"| {f.step} | {f.severity} | `{f.detector}` | {f.onset_step if f.onset_step is not None else '—'} "
                            f"| {f.variant or '—'} | {f.message.replace('|', '/')} |")
             out.append("")
-        for rec in r.recommendations:
+        for rec in shown_recommendations(r.recommendations):
             heading = rec_title(rec)
             out += [f"### {heading[:1].upper()}{heading[1:]}", ""]
             if rec.get("python"):

@@ -464,9 +464,10 @@ class RewardFunctionBug(Detector):
         name, kind = f.get("component", "a reward component"), f.get("kind")
         more = f" ({len(comps) - 1} more component(s) in the evidence)" if len(comps) > 1 else ""
         if kind == "per_token":
+            b = f.get("intercept") or 0.0
+            line = f"{f.get('per_token'):.4g} x length" + (f" {'+' if b > 0 else '-'} {abs(b):.4g}" if abs(b) > 1e-9 else "")
             what = (f"Reward component {name} pays {f.get('per_token'):.4g} per completion token (its score is exactly "
-                    f"{f.get('per_token'):.4g} x length + {f.get('intercept'):.4g} in every sample batch since step "
-                    f"{f.get('since_step')})")
+                    f"{line} in every sample batch since step {f.get('since_step')})")
             if f.get("mean_length_now") is not None:
                 what += (f", and the completions have grown under it from {f['mean_length_first_batches']:.3g} to "
                          f"{f['mean_length_now']:.3g} tokens while correctness has not improved: this reward is the "
