@@ -607,6 +607,28 @@ async def test_unreadable_path_with_wait_is_reported_on_screen(tmp_path: Path) -
         assert app.is_running
 
 
+@aio
+async def test_watch_on_an_output_dir_opens_the_run_directory_in_it(tmp_path: Path) -> None:
+    # A Trainer output_dir: a checkpoint's trainer_state.json beside the live grpo-monitor run directory.
+    import json
+
+    from grpo_monitor.app.dashboard import run_path
+
+    out = tmp_path / "outputs-grpo"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoint-2" / "trainer_state.json").write_text(
+        json.dumps({"log_history": [{"step": s, "loss": 0.1, "reward": 0.5} for s in (1, 2)]}))
+    w = RunWriter(out / "grpo-monitor")
+    w.header(**header())
+    append_steps(w, range(1, 8), samples_per_step=0, findings=False)
+    assert run_path(out) == out / "grpo-monitor"
+    assert run_path(out / "grpo-monitor") == out / "grpo-monitor" and run_path(tmp_path / "nope") == tmp_path / "nope"
+    app = WatchApp(run_path(out), poll_interval=FAST)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await loaded(pilot)
+        assert app.model.store.steps.tolist() == list(range(1, 8)) and "replayed" not in header_text(app)
+
+
 def test_check_path_names_the_path_and_the_fault(tmp_path: Path) -> None:
     from grpo_monitor.app.dashboard import check_path
 
@@ -621,6 +643,7 @@ def test_check_path_names_the_path_and_the_fault(tmp_path: Path) -> None:
     assert "not a run this tool reads" in check_path(fake / "run.jsonl")
     starting = tmp_path / "starting"
     starting.mkdir()
+    assert "folder holds nothing readable" in check_path(starting) and check_path(starting, wait=True) is None
     (starting / "samples.rank0.jsonl").write_text("")
     assert check_path(starting) is None  # a run whose log has no header yet
     (starting / "run.jsonl").write_text("")
