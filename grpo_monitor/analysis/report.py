@@ -36,6 +36,9 @@ SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm")
 VERDICTS = ("healthy", "incomplete", "cannot_judge", "warning", "critical")
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_NOT_JUDGED = 0, 1, 2, 3
+# The status of a run that stopped before its end (Ctrl-C, a crash): its verdict is ``incomplete``
+# unless a finding says more.
+INTERRUPTED = "interrupted"
 _BARS = "▁▂▃▄▅▆▇█"
 # The inputs the failure detectors read, in the order a user would map them.
 KEY_INPUTS = ("reward", "completions/mean_length", "completions/clipped_ratio", "entropy", "frac_reward_zero_std",
@@ -116,7 +119,8 @@ class RunReport:
             return "warning"
         if self.coverage and not self.judged_by:
             return "cannot_judge"
-        if self.status == "incomplete":
+        if self.status in ("incomplete", INTERRUPTED):
+            # A run that stopped before its end is never called healthy; a finding, above, wins over it.
             return "incomplete"
         return "healthy"
 
@@ -368,14 +372,26 @@ def config_findings(src: Any) -> list[Finding]:
 
 
 def run_status(src: Any) -> tuple[str | None, str]:
-    """Whether a run directory finished: its final summary, a restart the monitor asked for, or neither."""
+    """Whether a run finished: a run directory's final summary, a restart the monitor asked for, an
+    interruption its log records (Ctrl-C, a crash), or none of them; a log that ends in a traceback
+    (a console log's ``KeyboardInterrupt``) is an interrupted run."""
     run = getattr(src, "run", None)
+    last = src.steps[-1][0] if src.steps else None
+    at = f" after step {last}, the last it logged," if last is not None else " before its first logged step,"
+    ended_by = (getattr(src, "meta", None) or {}).get("ended_by")
+    if ended_by and (run is None or src.format != "run_dir"):
+        how = "interrupted (Ctrl-C)" if "KeyboardInterrupt" in ended_by else f"stopped by {ended_by}"
+        return INTERRUPTED, (f"the log ends in a traceback: the run was {how}{at} before its end; the findings "
+                             "cover the steps logged so far")
     if run is None or src.format != "run_dir":
         return None, ""
     if getattr(run, "summary", None) is not None:
         return None, ""
     if getattr(run, "restarts", None):
         return "restarted", "stopped by the monitor to restart with a variant (see its segments)"
+    stop = next((n for n in reversed(getattr(run, "notes", None) or []) if n.get("event") == INTERRUPTED), None)
+    if stop is not None:
+        return INTERRUPTED, f"{stop.get('message') or 'the run was interrupted'}; the findings cover the steps logged so far"
     if not src.steps:
         return "incomplete", "no logged step: the run stopped before its first log, or has not logged yet"
     last = src.steps[-1][0]
@@ -889,7 +905,7 @@ def verdict_line(run: RunReport) -> str:
     """The one line a dashboard or a table shows for a run's verdict."""
     text = VERDICT_TEXT.get(run.verdict, run.verdict.upper())
     if run.verdict == "incomplete" and run.status_note:
-        text += f" — {run.status_note}"
+        text += f" — {run.status} — {run.status_note}" if run.status == INTERRUPTED else f" — {run.status_note}"
     return text
 
 

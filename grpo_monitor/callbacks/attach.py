@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -85,6 +86,22 @@ def _announce(callback: MonitorCallback, given: dict[str, Any]) -> None:
             "sample is marked right or wrong: the run header records none, the dashboard's ok column and correct "
             "filter stay empty, and detectors that read correctness go without it. Name it: "
             "attach(trainer, correctness_reward=%r)", ", ".join(names), candidates[0])
+
+
+def _note_interruptions(trainer: Any, callback: MonitorCallback) -> None:
+    """A training loop that leaves by an exception (Ctrl-C, a crash) calls no callback: ``train`` is
+    wrapped so the monitor can say so (``MonitorCallback.interrupted``); the exception goes on unchanged."""
+    train = trainer.train
+
+    @functools.wraps(train)
+    def train_and_note(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return train(*args, **kwargs)
+        except BaseException as exc:
+            callback.interrupted(exc)
+            raise
+
+    trainer.train = train_and_note
 
 
 def attach(
@@ -185,6 +202,7 @@ def attach(
         alerts=alerts,
     )
     trainer.add_callback(callback)
+    _note_interruptions(trainer, callback)
     if _is_main_process(trainer):
         _announce(callback, given)
     if dashboard and getattr(trainer.args, "process_index", 0) == 0:
