@@ -629,6 +629,28 @@ async def test_watch_on_an_output_dir_opens_the_run_directory_in_it(tmp_path: Pa
         assert app.model.store.steps.tolist() == list(range(1, 8)) and "replayed" not in header_text(app)
 
 
+@aio
+async def test_detectors_that_cannot_apply_to_a_run_read_not_applicable(tmp_path: Path) -> None:
+    # A dense model without vLLM: MoE instability records "ok" and the rollout mismatch "warming_up" for good.
+    d = tmp_path / "run"
+    w = RunWriter(d)
+    w.header(**header(moe=False))
+    for s in range(1, 6):
+        w.write({"type": "step", "step": s, "time": 1.0 + s,
+                 "metrics": {"reward": 0.5, "entropy": 0.4, "completions/mean_length": 20.0},
+                 "detectors": {"moe_instability": "ok", "rollout_mismatch": "warming_up", "entropy_collapse": "ok"}})
+    w.close()
+    app = WatchApp(d, poll_interval=FAST)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("2")
+        await pilot.pause()
+        board = app.screen.query_one("#board", DataTable)
+        states = {str(board.get_row(k)[0]): str(board.get_row(k)[1]) for k in board.rows}
+        assert states["moe_instability"] == "not applicable" and states["rollout_mismatch"] == "not applicable"
+        assert states["entropy_collapse"] != "not applicable"
+
+
 def test_check_path_names_the_path_and_the_fault(tmp_path: Path) -> None:
     from grpo_monitor.app.dashboard import check_path
 
