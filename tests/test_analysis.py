@@ -256,3 +256,22 @@ def test_a_loose_note_in_a_folder_of_runs_is_skipped_not_judged(tmp_path):
     assert [r.steps for r in report.runs] == [40]
     assert [p.endswith("NOTES.md") for p, _ in report.skipped] == [True]
     assert "not a training log" in report.skipped[0][1]
+
+
+def test_analyze_of_a_folder_never_reads_the_tools_own_saved_reports_as_logs(tmp_path):
+    root = tmp_path / "work"
+    run_dir = write_run(root / "run")
+    (root / "report.txt").write_text(cli(run_dir).stdout)
+    (root / "report.json").write_text(cli(run_dir, "--json").stdout)
+    cli(run_dir, "--markdown", root / "report.md")
+    lint = subprocess.run([sys.executable, "-m", "grpo_monitor", "lint", str(run_dir), "--json", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300)
+    (root / "lint.json").write_text(lint.stdout)
+    out = cli(root, "--json")
+    runs = json.loads(out.stdout)["runs"]
+    assert [Path(r["source"]).name for r in runs] == ["run"]
+    text = cli(root).stdout
+    for name in ("report.txt", "report.json", "report.md", "lint.json"):
+        assert f"skipped {root / name}: a grpo-monitor" in text and "not a training log" in text
+    given = cli(root / "report.json")
+    assert given.returncode == 2 and "a grpo-monitor analyze --json report, not a training log" in given.stderr

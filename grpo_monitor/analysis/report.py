@@ -21,6 +21,7 @@ import gc
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -443,6 +444,11 @@ def analyze_run(path: str | os.PathLike[str], detectors: Sequence[Any] | None = 
     from grpo_monitor.readers.model import set_model
 
     facts = model_facts_of(model)
+    kind = own_report(path) if Path(path).is_file() else None
+    if kind is not None:
+        from grpo_monitor.readers import SourceError
+
+        raise SourceError(Path(path), f"a {kind}, not a training log: analyze the run it reports on")
     with _collector_paused():
         src = load_source(path, logging_steps=logging_steps)
         parts = split_runs(src) or [(str(path), src)]
@@ -649,7 +655,7 @@ _MAX_DEPTH = 6
 _MAX_DIRS = 20000
 
 
-def discover_runs(path: str | os.PathLike[str]) -> list[Path] | None:
+def discover_runs(path: str | os.PathLike[str], skipped: list[tuple[str, str]] | None = None) -> list[Path] | None:
     """The runs in a folder that holds several, each as the path to read; None when ``path`` is
     one run (or a file), which is then read as it is.
 
@@ -666,7 +672,7 @@ def discover_runs(path: str | os.PathLike[str]) -> list[Path] | None:
     runs = [c for _, c in found]
     if len(runs) == 1 and runs[0] == p:
         return None
-    loose = _loose_logs(p)
+    loose = _loose_logs(p, skipped)
     if not runs and not loose:
         return None
     return sorted(set(runs + loose), key=lambda x: str(x))
@@ -716,8 +722,53 @@ def _marker(d: Path) -> str | None:
     return None
 
 
-def _loose_logs(d: Path) -> list[Path]:
-    """Files directly in ``d`` that read as logs of a known format (README files and the like do not)."""
+# What this tool's own saved outputs begin with: reports of runs, not training logs.
+_OWN_REPORTS = (
+    (re.compile(r'\A\s*\{\s*"runs"\s*:\s*\[\s*(?:\{\s*"source"|\])'), "grpo-monitor analyze --json report"),
+    (re.compile(r"\A\s*# grpo-monitor report\b"), "grpo-monitor analyze --markdown report"),
+    (re.compile(r"\A\s*== .*\n(?:read: .*\n|model: .*\n)*verdict: "), "grpo-monitor analyze report"),
+    (re.compile(r"\A\s*grpo-monitor lint: "), "grpo-monitor lint report"),
+    (re.compile(r'\A\s*\{\s*"source"\s*:[^\n]*\n?\s*"device"\s*:\s*\{\s*"judged_for"'), "grpo-monitor lint --json report"),
+    (re.compile(r'\A\s*\{\s*"samples"\s*:\s*\['), None),  # inspect-rewards --json: told by its notice below
+)
+
+
+def own_report(path: str | os.PathLike[str]) -> str | None:
+    """What kind of this tool's own saved report ``path`` is (``analyze > report.txt``, ``--json``,
+    ``--markdown``, ``lint``, ``inspect-rewards --auto --json``), or None for anything else. Such a file
+    reports on runs; read as a log it would be a run of its own.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "report.md"
+    >>> _ = p.write_text("# grpo-monitor report\\n\\n## `runs/a`\\n")
+    >>> own_report(p)
+    'grpo-monitor analyze --markdown report'
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for pattern, kind in _OWN_REPORTS:
+        if pattern.search(head):
+            if kind is None:
+                return "grpo-monitor inspect-rewards --json report" if '"gate_passed"' in _tail(path) else None
+            return kind
+    return None
+
+
+def _tail(path: str | os.PathLike[str], size: int = 65536) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - size))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _loose_logs(d: Path, skipped: list[tuple[str, str]] | None = None) -> list[Path]:
+    """Files directly in ``d`` that read as logs of a known format (README files, and this tool's own
+    saved reports, listed in ``skipped``, do not)."""
     from grpo_monitor.readers import SourceError, detect_format
 
     out = []
@@ -726,6 +777,11 @@ def _loose_logs(d: Path) -> list[Path]:
     except OSError:
         return out
     for f in files:
+        kind = own_report(f)
+        if kind is not None:
+            if skipped is not None:
+                skipped.append((str(f), f"a {kind}, not a training log"))
+            continue
         try:
             detect_format(f)
         except (SourceError, OSError, ValueError):
@@ -757,7 +813,7 @@ def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[An
     from grpo_monitor.readers import SourceError
 
     report = Report([])
-    for p, how in expand_paths(paths):
+    for p, how in expand_paths(paths, report.skipped):
         try:
             report.runs.extend(_runs_of(p, how, report, detectors, logging_steps, mapping, model))
         except SourceError as exc:
@@ -791,12 +847,14 @@ def _runs_of(p: str, how: str, report: Report, detectors: Sequence[Any] | None, 
     return runs
 
 
-def expand_paths(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, str]]:
+def expand_paths(paths: Sequence[str | os.PathLike[str]],
+                 skipped: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
     """Every run to analyse, and how it came: ``given`` (named by the user), ``found`` (a run
-    folder or segment found beneath), ``loose`` (a file beside them that looked like a log)."""
+    folder or segment found beneath), ``loose`` (a file beside them that looked like a log); the
+    tool's own saved reports in a folder go to ``skipped``."""
     out: list[tuple[str, str]] = []
     for p in paths:
-        runs = discover_runs(p)
+        runs = discover_runs(p, skipped)
         if runs is None:
             out.extend((x, "given" if i == 0 else "found") for i, x in enumerate(expand_lineages([p])))
             continue
@@ -991,7 +1049,7 @@ def _table_rows(report: Report) -> list[tuple[str, ...]]:
     for r in report.runs:
         dets = ", ".join(sorted({f.detector for f in r.training_findings if f.severity != "info"})) or "—"
         variants = ", ".join(sorted({x["variant"] + ("" if x.get("status", "recommended") == "recommended" else f" ({x['status']})")
-                                     for x in r.recommendations})) or "—"
+                                     for x in shown_recommendations(r.recommendations)})) or "—"
         judged = f"{len(r.judged_by)}/{len(r.judged_by) + len(r.not_judged)}" if r.coverage else "—"
         rows.append((r.source, r.format, str(r.steps), r.verdict, judged, dets, variants))
     for path, _ in report.errors:
