@@ -969,21 +969,38 @@ def verdict_line(run: RunReport) -> str:
 
 def shown_recommendations(recs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The records as a report shows them: a warning's advice that a later critical finding turned into a
-    recommendation (of the same change, or of the same detector) is shown once, as the recommendation
-    (``--json`` keeps both).
+    recommendation (of the same change, or of the same detector) is shown once, as the recommendation,
+    with the step it was first advised at (``advised_at``; ``--json`` keeps both records).
 
-    >>> recs = [{"variant": "lower_learning_rate", "status": "advice", "detector": "sudden_collapse"},
-    ...         {"variant": "lower_learning_rate", "status": "recommended", "detector": "sudden_collapse"},
-    ...         {"variant": "dapo", "status": "advice", "detector": "entropy_collapse"}]
-    >>> [(r["variant"], r["status"]) for r in shown_recommendations(recs)]
-    [('lower_learning_rate', 'recommended'), ('dapo', 'advice')]
+    >>> recs = [{"variant": "lower_learning_rate", "status": "advice", "detector": "sudden_collapse", "step": 27},
+    ...         {"variant": "lower_learning_rate", "status": "recommended", "detector": "sudden_collapse", "step": 28},
+    ...         {"variant": "dapo", "status": "advice", "detector": "entropy_collapse", "step": 28}]
+    >>> [(r["variant"], r["status"], r.get("advised_at")) for r in shown_recommendations(recs)]
+    [('lower_learning_rate', 'recommended', 27), ('dapo', 'advice', None)]
     """
     from grpo_monitor.core.recommend import ADVICE, CODE_CHANGE, RECOMMENDED
 
     confirmed = [r for r in recs if (r.get("status") or RECOMMENDED) == RECOMMENDED]
     switched = {r.get("variant") for r in confirmed} - {CODE_CHANGE}
     by = {r.get("detector") for r in confirmed}
-    return [r for r in recs if not (r.get("status") == ADVICE and (r.get("variant") in switched or r.get("detector") in by))]
+    folded = [r for r in recs if r.get("status") == ADVICE and (r.get("variant") in switched or r.get("detector") in by)]
+    out: list[Mapping[str, Any]] = []
+    for r in recs:
+        if any(r is f for f in folded):
+            continue
+        if r in confirmed:
+            first = next((f for f in folded if f.get("variant") == r.get("variant") or f.get("detector") == r.get("detector")),
+                         None)
+            if first is not None:
+                r = {**r, "advised_at": first.get("step")}
+        out.append(r)
+    return out
+
+
+def advised_note(rec: Mapping[str, Any]) -> str:
+    """`` (advised from a warning at step N)`` for a recommendation a warning's advice came before."""
+    at = rec.get("advised_at")
+    return f" (advised from a warning at step {at}, advice only until then)" if at is not None else ""
 
 
 def render_text(report: Report) -> str:
@@ -1018,7 +1035,7 @@ def render_text(report: Report) -> str:
         if run.recommendations:
             out.append("recommendations:")
         for r in shown_recommendations(run.recommendations):
-            out.append(f"  {rec_title(r)} — from {r['detector']} at step {r['step']}")
+            out.append(f"  {rec_title(r)} — from {r['detector']} at step {r['step']}{advised_note(r)}")
             out.extend(f"      {r[k]}" for k in ("python", "cli_flags") if r.get(k))
             for reason in r["reasons"][1:]:
                 out.append(f"      why: {reason}")
@@ -1090,7 +1107,7 @@ def render_markdown(report: Report) -> str:
                            f"| {f.variant or '—'} | {f.message.replace('|', '/')} |")
             out.append("")
         for rec in shown_recommendations(r.recommendations):
-            heading = rec_title(rec)
+            heading = rec_title(rec) + advised_note(rec)
             out += [f"### {heading[:1].upper()}{heading[1:]}", ""]
             if rec.get("python"):
                 out += ["```python", rec["python"], "```", ""]

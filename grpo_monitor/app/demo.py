@@ -368,7 +368,7 @@ def print_summary(run_dir: Path, seconds: float | None = None, title: str | None
     from grpo_monitor.core.restart import child_run_dir
     from grpo_monitor.core.runlog import read_run
 
-    from grpo_monitor.analysis.report import shown_recommendations
+    from grpo_monitor.analysis.report import advised_note, shown_recommendations
 
     log = read_run(run_dir)
     if seconds is None:
@@ -392,7 +392,7 @@ def print_summary(run_dir: Path, seconds: float | None = None, title: str | None
         print(f"  [{f['severity']}] {f['detector']} at step {f['step']}: {f['message']}")
     for r in shown_recommendations(log.recommendations):
         change = "  |  ".join(x for x in (r.get("python"), r.get("cli_flags")) if x)
-        print(f"  {rec_title(r)}" + (f": {change}" if change else ""))
+        print(f"  {rec_title(r)}{advised_note(r)}" + (f": {change}" if change else ""))
         for key, advice in (r.get("extra") or {}).items():
             print(f"      also: {key} {advice}")
     for r in log.restarts:
