@@ -53,6 +53,12 @@ def test_demo_collapse_auto_restart_switches_to_dapo(tmp_path):
     # The schedule is in the script: DAPO cannot undo it, and the demo says what a restart can and cannot fix.
     outcome = next(line for line in out.stdout.splitlines() if "covered" in line or "recovered" in line)
     assert "temperature schedule is in this scenario's training script" in outcome and "DAPO" in outcome
+    assert "what a restart cannot fix" in outcome
+    # Off-policy steps (steps_per_generation 4) log no completion metrics: progress lines and summaries
+    # show the latest generation's values with their step, not dashes.
+    progress = [line for line in out.stdout.splitlines() if line.lstrip().startswith("step ")]
+    assert progress and not [line for line in progress if "reward —" in line or "length —" in line]
+    assert "(step " in "\n".join(progress) and "reward —" not in out.stdout.split("-- segment 2", 1)[1]
 
 
 def test_supervise_collapse_relaunches_the_script_with_dapo_flags(tmp_path):

@@ -308,7 +308,9 @@ def restart_outcome(scenario: str, lineage: Any, steps: int) -> str:
     else:
         head = (f"not recovered: segment {last.index + 1} ({last.variant or 'plain GRPO'}) "
                 + (f"raised {', '.join(dict.fromkeys(open_critical))} again" if open_critical else "did not reach its end"))
-    return head + (f" — {spec['note']}" if spec.get("note") else "")
+    if not spec.get("note"):
+        return head
+    return f"{head} — {'what the restart fixes' if spec.get('cures') else 'what a restart cannot fix'}: {spec['note']}"
 
 
 PROGRESS_KEYS = (("entropy", "entropy"), ("reward", "reward"), ("completions/mean_length", "length"),

@@ -159,7 +159,6 @@ class RewardFunctionBug(Detector):
         self.token_base: list[tuple[float, float | None]] = []
         self.token_now: tuple[float, float | None] | None = None
         self.token_since: int | None = None
-        self.token_growth_step: int | None = None
         self.saturated: dict[str, float] = {}
 
     # -- per step ---------------------------------------------------------------------------------
@@ -416,8 +415,6 @@ class RewardFunctionBug(Detector):
             if weight is not None and abs(weight) <= _EPS:
                 continue  # weighted out of the total: it pays nothing
             lvl = 2 if grown is not None else 1
-            if lvl == 2 and self.token_growth_step is None:
-                self.token_growth_step = step
             found.append({"component": name, "kind": "per_token", "per_token": rate, "intercept": intercept,
                           "batches": self.token_runs[name], "since_step": self.token_since,
                           **(grown or {}), "advice": ADVICE["per_token"], "level": lvl})
