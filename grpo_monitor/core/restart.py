@@ -237,7 +237,8 @@ def child_flags(plan: RestartPlan | None) -> list[str]:
     if plan.next_output_dir:
         items["output_dir"] = plan.next_output_dir
     for k, v in items.items():
-        flags += [f"--{k}", _flag_value(v)]
+        # A list field (reward_weights) is one flag with one value per element, as HfArgumentParser reads it.
+        flags += [f"--{k}", *([_flag_value(x) for x in v] if isinstance(v, (list, tuple)) else [_flag_value(v)])]
     if plan.resume_from:
         flags += ["--resume_from_checkpoint", plan.resume_from]
     return flags
