@@ -103,7 +103,8 @@ def test_sudden_collapse_names_the_last_healthy_step_and_resumes_before_it(tmp_p
     assert not [f for f in second.findings if f["severity"] == "critical"]
     # One change, said once: the warning's advice is folded into the recommendation it became.
     first_summary = out.stdout.split("-- segment 1", 1)[1].split("-- segment 2", 1)[0]
-    assert "advice: apply lower_learning_rate" not in first_summary and "apply lower_learning_rate:" in first_summary
+    assert "advice: apply lower_learning_rate" not in first_summary
+    assert "apply lower_learning_rate (advised from a warning at step" in first_summary
 
 
 def test_length_names_the_per_token_reward_and_recovers_once_it_is_weighted_out(tmp_path):
