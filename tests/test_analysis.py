@@ -18,7 +18,7 @@ import pytest
 import grpo_monitor as monitor
 from grpo_monitor.fixtures.synthetic import generate
 from grpo_monitor.analysis.report import analyze, discover_runs, parse_mapping
-from grpo_monitor.core.runlog import RunWriter
+from grpo_monitor.core.runlog import RunWriter, read_run
 
 
 def cli(*args):
@@ -126,12 +126,45 @@ def test_long_run_that_stopped_early_is_incomplete_even_where_judged(tmp_path):
     assert finished.verdict == "healthy" and finished.status is None
 
 
-def test_critical_config_finding_in_the_run_log_is_reported_offline(tmp_path):
+def test_a_config_finding_in_the_run_log_is_reported_offline_but_never_sets_the_verdict(tmp_path):
     run_dir = write_run(tmp_path / "run", findings=[CONFIG_FINDING])
     out = cli(run_dir, "--json")
-    assert out.returncode == 1
-    findings = json.loads(out.stdout)["runs"][0]["findings"]
-    assert findings[0]["detector"] == "config_num_generations" and findings[0]["severity"] == "critical"
+    run = json.loads(out.stdout)["runs"][0]
+    assert run["findings"][0]["detector"] == "config_num_generations" and run["findings"][0]["severity"] == "critical"
+    # Advice on the recipe: the training's own detectors give the verdict, as for the run's other logs.
+    assert run["verdict"] == "healthy" and out.returncode == 0
+    text = cli(run_dir).stdout
+    assert "pre-flight (the recipe, checked when training began; not part of the verdict):" in text
+
+
+def test_one_run_has_one_verdict_whichever_of_its_logs_is_read(tmp_path):
+    """num_generations=4 is a deviation from the recipe, not a broken run: its run directory, read by
+    analyze, gets the verdict its checkpoint gets, and the fix reaches the recommendations."""
+    from tests.conftest import train_tiny
+
+    run_dir = tmp_path / "run"
+    train_tiny(run_dir, steps=6, num_generations=4, save_strategy="steps", save_steps=6)
+    live = read_run(run_dir)
+    [pre] = [f for f in live.findings if f["detector"] == "config_num_generations"]
+    assert pre["severity"] == "warning" and pre["config_overrides"] == {"num_generations": 8}
+    checkpoint = run_dir / "trainer" / "checkpoint-6" / "trainer_state.json"
+    assert checkpoint.is_file()
+    by_dir, by_checkpoint = (json.loads(cli(p, "--json").stdout)["runs"][0] for p in (run_dir, checkpoint))
+    assert by_dir["verdict"] == by_checkpoint["verdict"]
+    assert cli(run_dir).returncode == cli(checkpoint).returncode
+    [rec] = [r for r in by_dir["recommendations"] if r["detector"] == "config_num_generations"]
+    assert rec["config_overrides"] == {"num_generations": 8} and rec["status"] == "advice"
+    assert "--num_generations 8" in rec["cli_flags"]
+    # The dashboard's Recommendations tab shows the records the run log holds: the same one is there.
+    assert any(r.get("detector") == "config_num_generations" and r["config_overrides"] == {"num_generations": 8}
+               for r in live.recommendations)
+
+
+def test_analyze_returns_a_report_with_a_verdict(tmp_path):
+    healthy = analyze(write_run(tmp_path / "ok"))
+    assert healthy.verdict == "healthy" and healthy.exit_code == 0
+    both = analyze([write_run(tmp_path / "ok2"), write_run(tmp_path / "bad", case="entropy_collapse")])
+    assert both.verdict == "critical" == max((r.verdict for r in both.runs), key=["healthy", "critical"].index)
 
 
 def test_second_run_written_into_the_same_run_directory_is_two_runs(tmp_path):
@@ -223,3 +256,22 @@ def test_a_loose_note_in_a_folder_of_runs_is_skipped_not_judged(tmp_path):
     assert [r.steps for r in report.runs] == [40]
     assert [p.endswith("NOTES.md") for p, _ in report.skipped] == [True]
     assert "not a training log" in report.skipped[0][1]
+
+
+def test_analyze_of_a_folder_never_reads_the_tools_own_saved_reports_as_logs(tmp_path):
+    root = tmp_path / "work"
+    run_dir = write_run(root / "run")
+    (root / "report.txt").write_text(cli(run_dir).stdout)
+    (root / "report.json").write_text(cli(run_dir, "--json").stdout)
+    cli(run_dir, "--markdown", root / "report.md")
+    lint = subprocess.run([sys.executable, "-m", "grpo_monitor", "lint", str(run_dir), "--json", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300)
+    (root / "lint.json").write_text(lint.stdout)
+    out = cli(root, "--json")
+    runs = json.loads(out.stdout)["runs"]
+    assert [Path(r["source"]).name for r in runs] == ["run"]
+    text = cli(root).stdout
+    for name in ("report.txt", "report.json", "report.md", "lint.json"):
+        assert f"skipped {root / name}: a grpo-monitor" in text and "not a training log" in text
+    given = cli(root / "report.json")
+    assert given.returncode == 2 and "a grpo-monitor analyze --json report, not a training log" in given.stderr

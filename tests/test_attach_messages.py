@@ -137,3 +137,14 @@ def test_a_plain_script_shows_both_messages_on_stderr(tmp_path):
     assert f"run log in {tmp_path / 'run' / 'run.jsonl'}" in out.stderr
     assert "correctness_reward='subtraction_is_right'" in out.stderr
     assert out.stderr.count("grpo-monitor: run log in") == 1
+
+
+def test_a_mistyped_keyword_names_grpo_monitor_attach_and_the_nearest_option(tmp_path):
+    from grpo_monitor import attach
+
+    trainer = _trainer(tmp_path)
+    with pytest.raises(TypeError) as err:
+        attach(trainer, correctnes_reward="correctness_reward")
+    text = str(err.value)
+    assert text.startswith("grpo_monitor.attach() got an unexpected keyword argument 'correctnes_reward'")
+    assert "did you mean correctness_reward?" in text and "MonitorCallback" not in text

@@ -137,6 +137,16 @@ def test_batch_spread_above_zero_with_group_spread_zero(tmp_path):
     assert "component_std_vs_group_std" not in notes_of(write_run(tmp_path / "collapse", "entropy_collapse"))
 
 
+def test_a_saturated_format_reward_is_explained_and_a_dead_one_is_not(tmp_path):
+    run_dir = write_run(tmp_path / "run", "healthy_format_from_start")
+    (report,) = analyze(run_dir).runs
+    note = {n["id"]: n for n in report.notes}["format_reward_saturated"]
+    assert note["evidence"]["component"] == "format_reward" and note["evidence"]["value"] == 1.0
+    assert "saturated" in note["why"] and "reward_function_bug" in note["watched_by"]
+    assert report.verdict == "healthy"  # saturation is not a bug
+    assert "format_reward_saturated" not in notes_of(write_run(tmp_path / "dead", "reward_bug_dead_format"))
+
+
 def test_every_input_form_gives_the_same_notes(tmp_path):
     d = write_run(tmp_path / "run", config={**ON_POLICY, "max_grad_norm": 0.2})
     config = read_run(d).header["config"]

@@ -53,7 +53,6 @@ def test_planted_bug_is_found_in_time_with_its_advice(name, logging_steps, seed)
         assert first.config_overrides == {} and ev["advice"]
         comp = ev["components"][0]
         want = {"reward_bug_dead_format": ("format_reward", "dead_format", 0.0),
-                "reward_bug_free_format": ("format_reward", "free", 1.0),
                 "reward_bug_free_correctness": ("correctness_reward", "free", 1.0),
                 "reward_bug_per_prompt": ("correctness_reward", "per_prompt", None),
                 "reward_bug_per_batch": ("judge_score", "per_batch", None)}[name]
@@ -147,3 +146,63 @@ def test_truncation_with_exploding_entropy_is_left_to_degeneration():
                            "rewards/format_reward/mean": 0.2 if bad else 0.9}))
     found = _feed(Truncation(), series)
     assert found == []
+
+
+def test_a_format_reward_paying_every_completion_from_the_start_is_saturated_not_broken():
+    # An instruct model formats from its first completion: format_reward is 1.0 with std 0 from step 1.
+    run = generate("healthy_format_from_start", seed=0)
+    assert all(m["rewards/format_reward/std"] == 0.0 and m["rewards/format_reward/mean"] == 1.0
+               for _, m in run.steps if "rewards/format_reward/std" in m)
+    det = RewardFunctionBug()
+    assert _feed(det, run.steps, run.context, run.samples) == []
+    assert det.last_evidence.get("saturated_components") == {"format_reward": 1.0}
+    # A correctness reward pinned at 1.0 from the start is still a free reward (a fallback that pays).
+    series = [(s, {"rewards/correctness_reward/mean": 1.0, "rewards/correctness_reward/std": 0.0,
+                   "rewards/format_reward/mean": 0.6 + 0.05 * (s % 3), "rewards/format_reward/std": 0.4,
+                   "reward_std": 0.4}) for s in range(1, 40)]
+    assert [f.evidence["components"][0]["kind"] for f in _feed(RewardFunctionBug(), series)] == ["free", "free"]
+
+
+def _length_paid_batches(steps, rate=0.05, grow_from=20, cap=64):
+    """Sample batches of a reward paying ``rate`` per token beside format and correctness rewards; from
+    ``grow_from`` on the completions grow a token a step while correctness stays where it was."""
+    out = {}
+    for s in steps:
+        rows = []
+        for g in range(4):
+            for k in range(8):
+                length = min(cap, 3 + (k % 3) + max(0, s - grow_from))
+                correct = float((g + k) % 2)
+                rows.append({"step": s, "group": g, "index": 8 * g + k, "length": length,
+                             "rewards": {"format_reward": 1.0, "correctness_reward": correct,
+                                         "length_bonus_reward": rate * (length + 1)}})
+        out[s] = rows
+    return out
+
+
+def test_a_reward_paying_per_token_is_named_and_weighted_out_once_length_grows_under_it():
+    steps = list(range(1, 41))
+    samples = _length_paid_batches(steps)
+    names = ["format_reward", "correctness_reward", "length_bonus_reward"]
+    context = RunContext(config={"reward_weights": None}, reward_names=names, correctness_reward="correctness_reward",
+                         format_reward="format_reward")
+    found = _feed(RewardFunctionBug(), [(s, {}) for s in steps], context, samples)
+    assert [f.severity for f in found] == ["warning", "critical"]
+    warn, crit = found
+    assert warn.step == 3 and warn.config_overrides == {} and "length_bonus_reward pays 0.05 per completion token" in warn.message
+    comp = crit.evidence["components"][0]
+    assert comp["component"] == "length_bonus_reward" and comp["kind"] == "per_token"
+    assert comp["per_token"] == pytest.approx(0.05) and comp["mean_length_now"] >= 1.5 * comp["mean_length_first_batches"]
+    assert crit.evidence["remedy"] == "drop_length_reward" and crit.variant is None
+    assert crit.config_overrides == {"reward_weights": [1.0, 1.0, 0.0]}
+    assert "this reward is the cause of the length growth" in crit.message
+    # A run that weighs the component out of the total is not paid per token: nothing to raise.
+    weighted_out = RunContext(config={"reward_weights": [1.0, 1.0, 0.0]}, reward_names=names,
+                              correctness_reward="correctness_reward")
+    assert _feed(RewardFunctionBug(), [(s, {}) for s in steps], weighted_out, samples) == []
+    # Length growing with correctness rising (a reasoning model paid to think longer) stays a warning.
+    for s in steps:
+        for r in samples[s]:
+            if s > 20:
+                r["rewards"]["correctness_reward"] = 1.0
+    assert [f.severity for f in _feed(RewardFunctionBug(), [(s, {}) for s in steps], context, samples)] == ["warning"]

@@ -108,3 +108,14 @@ def test_cli_model_flag(tmp_path):
 def test_one_table_of_moe_hub_ids_for_lint_and_analyze():
     assert moe_from_model_id("Qwen/Qwen3-30B-A3B")["num_experts"] == 128 and moe_from_model_id("Qwen/Qwen3-4B") == {}
     assert lint.moe_from_model_id is moe_from_model_id
+
+
+def test_a_model_named_by_a_common_hub_id_has_its_shape_offline_as_lint_sizes_it():
+    from grpo_monitor.readers.model import model_from_spec
+
+    dense = model_from_spec("Qwen/Qwen2.5-7B-Instruct")
+    assert dense["model_type"] == "qwen2" and dense["is_moe"] is False and dense["num_layers"] == 28
+    moe = model_from_spec("openai/gpt-oss-20b")
+    assert moe["is_moe"] and (moe["num_experts"], moe["top_k"], moe["num_layers"]) == (32, 4, 24)
+    assert model_from_spec("google/gemma-3-12b-it")["is_vlm"] is True
+    assert lint.config_from_model_id is __import__("grpo_monitor.core.model_config", fromlist=["x"]).config_from_model_id

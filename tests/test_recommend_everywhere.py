@@ -76,7 +76,9 @@ def test_analyze_text_json_and_markdown_show_the_advice_the_switch_and_the_extra
     text = cli("analyze", str(collapse), "--markdown", str(md))
     assert text.returncode == 1
     for shown in (text.stdout, md.read_text()):
-        assert "advice only, never triggers a restart" in shown and "switch to dapo" in shown.lower()
+        # The warning's advice and the critical's switch are one change: shown once, saying when it was advised.
+        assert "advice only until then" in shown and "switch to dapo" in shown.lower()
+        assert "advice: switch to dapo" not in shown.lower()
         assert "--epsilon_high 0.28" in shown and "epsilon_high=0.28" in shown
         assert SOFT_OVERLONG in shown  # the advice that is not a config field
     assert "also: **reward_funcs**" in md.read_text()

@@ -204,3 +204,28 @@ def test_vllm_settings_are_validated_against_installed_trl():
     assert validate(IS_CORRECTION_OVERRIDES) == IS_CORRECTION_OVERRIDES
     with pytest.raises(CatalogueError, match="vllm_importance_sampling_mode='sequence'"):
         validate({"vllm_importance_sampling_mode": "sequence"})
+
+
+def test_the_demo_summary_names_the_next_segment_beside_the_one_that_stopped(tmp_path, capsys):
+    # Segments are siblings under the lineage root: segment-1's restart leads to <root>/segment-2.
+    import time
+
+    from grpo_monitor.app.demo import print_summary
+    from grpo_monitor.core.runlog import RunWriter
+
+    root = tmp_path / "run"
+    for n, d in enumerate([root, root / "segment-1", root / "segment-2"]):
+        w = RunWriter(d)
+        start = time.time() - 100 + 10 * n
+        w.header(run_id=f"r{n}", start_time=start, config={}, model={"class": "Qwen3ForCausalLM", "num_parameters": 1},
+                 world_size=1, parent_run=None, reward_funcs=[], segment=n)
+        for s in range(1, 4):
+            w.step(s, {"reward": 1.0}, start + s)
+        if n < 2:
+            w.write({"type": "restart", "step": 3, "variant": "dapo", "config_overrides": {}, "resume_from": None,
+                     "child_run": f"segment-{n + 1}", "reasons": []})
+        w.close()
+    print_summary(root / "segment-1")
+    out = capsys.readouterr().out
+    assert f"→ {root / 'segment-2'}" in out and "segment-1/segment-2" not in out
+    assert "in 3.0 s" in out  # this segment's own duration: its header's start to its last step

@@ -308,11 +308,51 @@ def test_auto_with_a_reference_lists_exactly_the_planted_disagreements_first(tmp
     assert ref["function_reference"] == pytest.approx(56 / 60) and ref["disagreements"] == [0, 1, 2, 3]
 
 
+def _gold_samples(tmp_path, n=64):
+    """Samples whose gold answer sits in a column named ``gold``, which no default of exact_match reads;
+    a third of the completions answer one too many, and the user's function reads the column."""
+    rows = [{"prompt": f"What is {i % 5} + 2 ?",
+             "completion": f"The answer is {i % 5 + 2 + (i % 3 == 0)}, since {i % 5} + 2 = {i % 5 + 2}.",
+             "gold": str(i % 5 + 2)} for i in range(n)]
+    path = tmp_path / "gold.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "gold_rewards.py").write_text(
+        "def gold_reward(completions, gold, **kw):\n"
+        "    return [1.0 if c.split(',')[0].split()[-1] == g else 0.0 for c, g in zip(completions, gold)]\n")
+    return path
+
+
+def test_a_reference_that_finds_no_gold_column_says_so_and_counts_no_disagreement(tmp_path, capsys, monkeypatch, caplog):
+    path = _gold_samples(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--samples", str(path), "--auto", "--json", "--reward-funcs", "gold_rewards:gold_reward",
+            "--reference", "gold_reward=exact_match"]
+    with caplog.at_level("WARNING"):
+        assert main_inspect(argv) == 1  # nothing was cross-checked: a CI run stops on it
+    doc = json.loads(capsys.readouterr().out)
+    ref = doc["references"]["gold_reward"]
+    assert ref["disagreements"] == [] and ref["compared"] == 0 and ref["function_reference"] is None
+    assert all(s["disagrees"] == [] for s in doc["samples"])
+    [err] = [v for k, v in doc["errors"].items() if "exact_match" in k]
+    assert "scored none of the 64 samples" in err and "--reference gold_reward=exact_match:COLUMN" in err
+    # One warning line, naming the columns looked for and the one the dataset has.
+    [warning] = [r.getMessage() for r in caplog.records if "no gold answer" in r.getMessage()]
+    assert "answer, solution, target" in warning and "the dataset gives gold" in warning
+    assert "exact_match:gold" in warning
+    # Named, the column is read: every sample compared, and they all agree.
+    assert main_inspect([*argv[:-1], "gold_reward=exact_match:gold"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ref = doc["references"]["gold_reward"]
+    assert ref["compared"] == 64 and ref["function_reference"] == 1.0 and ref["disagreements"] == []
+    assert doc["errors"] == {}
+
+
 def test_reference_input_errors_exit_2(tmp_path, capsys):
     path, _ = _planted_samples(tmp_path, n=4, planted=())
     base = ["--samples", str(path), "--auto", "--reward-funcs", "grpo_monitor.fixtures.tiny:correctness_reward"]
     for ref, needle in (("nosuch=exact_match", "no reward function named 'nosuch'"),
                         ("correctness_reward=no_such_reference", "unknown reference"),
+                        ("correctness_reward=answer_format:gold", "answer_format reads no dataset column"),
                         ("correctness_reward", "NAME=REFERENCE")):
         assert main_inspect([*base, "--reference", ref]) == 2
         err = capsys.readouterr().err

@@ -314,3 +314,38 @@ def test_references_are_picklable_for_trl_workers():
               JudgeReward("r", base_url="http://127.0.0.1:9/v1")):
         g = pickle.loads(pickle.dumps(f))
         assert g.__name__ == f.__name__
+
+
+def test_stated_answers_end_where_their_reasons_begin():
+    from grpo_monitor.rewards import exact_match, extract_answer
+
+    assert extract_answer("The answer is 12, since 3 x 4 = 12.") == ("12", "stated")
+    assert extract_answer("Answer: 7 (seven)") == ("7", "stated")
+    assert extract_answer("So the answer is 1,234; easy.") == ("1,234", "stated")
+    assert extract_answer("The final answer is x = 5") == ("x = 5", "stated")
+    assert exact_match(completions=["The answer is 12, since 3 x 4 = 12.", "Answer: 7 (seven)"],
+                       answer=["12", "7"]) == [1.0, 1.0]
+
+
+def test_exact_match_without_its_gold_column_warns_once_naming_it(caplog):
+    from grpo_monitor.rewards import ExactMatchReward
+
+    reward = ExactMatchReward()
+    with caplog.at_level("WARNING"):
+        assert reward(completions=["The answer is 12."], gold=["12"]) == [None]
+        assert reward(completions=["The answer is 12."], gold=["12"]) == [None]
+    [line] = [r.getMessage() for r in caplog.records if "no gold answer" in r.getMessage()]
+    assert "answer, solution, target, ground_truth, final_answer, reference" in line and "gives gold" in line
+    assert "answer_column='gold'" in line
+    assert ExactMatchReward(answer_column="gold")(completions=["The answer is 12."], gold=["12"]) == [1.0]
+
+
+def test_the_reward_package_lists_its_names_and_every_registered_reference_is_an_attribute():
+    import grpo_monitor.rewards as rewards
+    from grpo_monitor.rewards.registry import REFERENCES, resolve_reference
+
+    names = dir(rewards)
+    assert {"exact_match", "exact_match_string", "ExactMatchReward", "json_schema", "format_and_correctness"} <= set(names)
+    assert rewards.exact_match_string.mode == "string" and rewards.exact_match_string.__name__ == "exact_match_string"
+    assert resolve_reference("exact_match_string:label").answer_column == "label"
+    assert set(REFERENCES) >= {"exact_match", "exact_match_string"}

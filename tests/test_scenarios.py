@@ -2,8 +2,10 @@
 the restart with the variant or the lower learning rate, the run going on.
 
 Each scenario fails by mechanism (a sampling temperature, a learning rate that one Adam step cannot
-survive), not by the trajectory a CPU's rounding happens to take, so these tests check properties
-that hold on any machine: which detector confirmed, what the restart changed, where it resumed."""
+survive, a length the sampler is made to reach while a reward pays per token), not by the trajectory
+a CPU's rounding happens to take, so these tests check properties that hold on any machine: which
+detector confirmed, what the restart changed, where it resumed, and that where the change removes
+the cause, the restarted segment runs to its end (and where it cannot, the demo says so)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,15 @@ def test_demo_collapse_auto_restart_switches_to_dapo(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     first, second = check_dapo_lineage(tmp_path / "D")
     assert "stopped at step" in out.stdout and "segment 2 (dapo" in out.stdout and "segment 1 (plain GRPO)" in out.stdout
+    # The schedule is in the script: DAPO cannot undo it, and the demo says what a restart can and cannot fix.
+    outcome = next(line for line in out.stdout.splitlines() if "covered" in line or "recovered" in line)
+    assert "temperature schedule is in this scenario's training script" in outcome and "DAPO" in outcome
+    assert "what a restart cannot fix" in outcome
+    # Off-policy steps (steps_per_generation 4) log no completion metrics: progress lines and summaries
+    # show the latest generation's values with their step, not dashes.
+    progress = [line for line in out.stdout.splitlines() if line.lstrip().startswith("step ")]
+    assert progress and not [line for line in progress if "reward —" in line or "length —" in line]
+    assert "(step " in "\n".join(progress) and "reward —" not in out.stdout.split("-- segment 2", 1)[1]
 
 
 def test_supervise_collapse_relaunches_the_script_with_dapo_flags(tmp_path):
@@ -88,3 +99,33 @@ def test_sudden_collapse_names_the_last_healthy_step_and_resumes_before_it(tmp_p
     assert rates and max(rates) <= first.header["config"]["learning_rate"] / 10 * 1.01
     assert len(second.steps) > 0 and second.steps[-1]["step"] == first.header["config"]["max_steps"]
     assert "lower_learning_rate" in out.stdout and "stopped at step" in out.stdout
+    assert "recovered: segment 2 (lower_learning_rate) ran to step 50 with no critical finding" in out.stdout
+    assert not [f for f in second.findings if f["severity"] == "critical"]
+    # One change, said once: the warning's advice is folded into the recommendation it became.
+    first_summary = out.stdout.split("-- segment 1", 1)[1].split("-- segment 2", 1)[0]
+    assert "advice: apply lower_learning_rate" not in first_summary
+    assert "apply lower_learning_rate (advised from a warning at step" in first_summary
+
+
+def test_length_names_the_per_token_reward_and_recovers_once_it_is_weighted_out(tmp_path):
+    """The growth is the per-token reward's doing: the reward_function_bug finding names
+    length_bonus_reward, the restart gives it the weight 0 (reward_weights), and with nothing paying
+    for length the restarted segment runs to its end without a critical finding."""
+    out = run("-m", "grpo_monitor", "demo", "--scenario", "length", "--auto-restart", "--run-dir", str(tmp_path / "D"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    lineage = read_lineage(tmp_path / "D")
+    assert len(lineage.segments) == 2
+    first, second = read_run(lineage.segments[0].run_dir), read_run(lineage.segments[1].run_dir)
+    named = [f for f in first.findings if f["detector"] == "reward_function_bug" and f["severity"] == "critical"]
+    assert named, [(f["detector"], f["severity"], f["step"]) for f in first.findings]
+    comp = named[0]["evidence"]["components"][0]
+    assert comp["component"] == "length_bonus_reward" and comp["kind"] == "per_token"
+    assert abs(comp["per_token"] - 0.05) < 1e-9 and "length_bonus_reward" in named[0]["message"]
+    restart = first.restarts[0]
+    assert restart["variant"] == "drop_length_reward" and restart["config_overrides"] == {"reward_weights": [1.0, 1.0, 0.0]}
+    assert second.header["config"]["reward_weights"] == [1.0, 1.0, 0.0]
+    # Nothing pays for length: the curriculum that stands for learning it stops, and the run goes to its end.
+    assert second.steps[-1]["step"] == first.header["config"]["max_steps"] and not second.restarts
+    assert not [f for f in second.findings if f["severity"] == "critical"]
+    assert max(s["metrics"]["completions/mean_length"] for s in second.steps) < 16
+    assert "recovered: segment 2 (drop_length_reward)" in out.stdout

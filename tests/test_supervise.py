@@ -137,3 +137,21 @@ def test_second_supervisor_on_the_same_run_directory_is_refused(tmp_path):
 def test_no_command_is_a_usage_error(tmp_path):
     out = supervise("--run-dir", str(tmp_path))
     assert out.returncode == 2 and "no command" in out.stderr
+
+
+def test_a_list_override_is_relaunched_as_one_flag_with_its_values(tmp_path):
+    # The per-token reward weighed out (reward_weights) reaches a relaunched TRL script as it parses lists.
+    from transformers import HfArgumentParser
+    from trl import GRPOConfig
+
+    from grpo_monitor.core.restart import RestartPlan, child_flags
+
+    plan = RestartPlan(segment=0, step=27, variant="drop_length_reward", config_overrides={"reward_weights": [1.0, 1.0, 0.0]},
+                       cumulative_overrides={"reward_weights": [1.0, 1.0, 0.0]}, resume_from=None, onset_step=14,
+                       findings=[], reasons=[], tried=["drop_length_reward"], parent_run="r0", output_dir=str(tmp_path),
+                       next_run_dir=str(tmp_path / "segment-1"), next_output_dir=str(tmp_path / "out" / "segment-1"))
+    flags = child_flags(plan)
+    assert flags[:4] == ["--reward_weights", "1.0", "1.0", "0.0"]
+    (args,) = HfArgumentParser(GRPOConfig).parse_args_into_dataclasses(
+        [*flags, "--use_cpu", "True", "--bf16", "False", "--report_to", "none"])
+    assert args.reward_weights == [1.0, 1.0, 0.0] and args.output_dir == str(tmp_path / "out" / "segment-1")

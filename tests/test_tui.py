@@ -120,6 +120,30 @@ def test_tailer_follows_a_restart_into_its_child_run(tmp_path: Path) -> None:
     assert kinds.count("header") == 1 and kinds.count("step") == 3 and kinds.count("sample") == 6
 
 
+def test_tailer_follows_a_lineage_past_its_second_restart(tmp_path: Path) -> None:
+    # Segments are siblings under the lineage root: segment-1's restart names segment-2 beside it.
+    d = tmp_path / "run"
+    w = RunWriter(d)
+    w.header(**header())
+    append_steps(w, range(1, 4), samples_per_step=0, findings=False)
+    w.write({"type": "restart", "step": 3, "variant": "dapo", "config_overrides": {}, "resume_from": None,
+             "child_run": "segment-1"})
+    first = RunWriter(d / "segment-1")
+    first.header(**header(segment=1, parent_run="r0"))
+    append_steps(first, range(3, 6), samples_per_step=0, findings=False)
+    first.write({"type": "restart", "step": 5, "variant": "lower_learning_rate", "config_overrides": {},
+                 "resume_from": None, "child_run": "segment-2"})
+    second = RunWriter(d / "segment-2")
+    second.header(**header(segment=2, parent_run="r1"))
+    append_steps(second, range(5, 9), samples_per_step=0, findings=False)
+    tailer = RunTailer(d)
+    kinds = []
+    for _ in range(4):
+        kinds += [r["type"] for r in tailer.poll().records]
+    assert tailer.dirs == [d, d / "segment-1", d / "segment-2"]
+    assert kinds.count("header") == 3 and kinds.count("step") == 3 + 3 + 4
+
+
 def test_model_rewinds_when_a_resumed_run_logs_steps_again() -> None:
     m = RunModel()
     m.ingest([{"type": "step", "step": s, "metrics": {"entropy": 1.0}} for s in range(1, 11)])
@@ -583,6 +607,50 @@ async def test_unreadable_path_with_wait_is_reported_on_screen(tmp_path: Path) -
         assert app.is_running
 
 
+@aio
+async def test_watch_on_an_output_dir_opens_the_run_directory_in_it(tmp_path: Path) -> None:
+    # A Trainer output_dir: a checkpoint's trainer_state.json beside the live grpo-monitor run directory.
+    import json
+
+    from grpo_monitor.app.dashboard import run_path
+
+    out = tmp_path / "outputs-grpo"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoint-2" / "trainer_state.json").write_text(
+        json.dumps({"log_history": [{"step": s, "loss": 0.1, "reward": 0.5} for s in (1, 2)]}))
+    w = RunWriter(out / "grpo-monitor")
+    w.header(**header())
+    append_steps(w, range(1, 8), samples_per_step=0, findings=False)
+    assert run_path(out) == out / "grpo-monitor"
+    assert run_path(out / "grpo-monitor") == out / "grpo-monitor" and run_path(tmp_path / "nope") == tmp_path / "nope"
+    app = WatchApp(run_path(out), poll_interval=FAST)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await loaded(pilot)
+        assert app.model.store.steps.tolist() == list(range(1, 8)) and "replayed" not in header_text(app)
+
+
+@aio
+async def test_detectors_that_cannot_apply_to_a_run_read_not_applicable(tmp_path: Path) -> None:
+    # A dense model without vLLM: MoE instability records "ok" and the rollout mismatch "warming_up" for good.
+    d = tmp_path / "run"
+    w = RunWriter(d)
+    w.header(**header(moe=False))
+    for s in range(1, 6):
+        w.write({"type": "step", "step": s, "time": 1.0 + s,
+                 "metrics": {"reward": 0.5, "entropy": 0.4, "completions/mean_length": 20.0},
+                 "detectors": {"moe_instability": "ok", "rollout_mismatch": "warming_up", "entropy_collapse": "ok"}})
+    w.close()
+    app = WatchApp(d, poll_interval=FAST)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("2")
+        await pilot.pause()
+        board = app.screen.query_one("#board", DataTable)
+        states = {str(board.get_row(k)[0]): str(board.get_row(k)[1]) for k in board.rows}
+        assert states["moe_instability"] == "not applicable" and states["rollout_mismatch"] == "not applicable"
+        assert states["entropy_collapse"] != "not applicable"
+
+
 def test_check_path_names_the_path_and_the_fault(tmp_path: Path) -> None:
     from grpo_monitor.app.dashboard import check_path
 
@@ -597,6 +665,7 @@ def test_check_path_names_the_path_and_the_fault(tmp_path: Path) -> None:
     assert "not a run this tool reads" in check_path(fake / "run.jsonl")
     starting = tmp_path / "starting"
     starting.mkdir()
+    assert "folder holds nothing readable" in check_path(starting) and check_path(starting, wait=True) is None
     (starting / "samples.rank0.jsonl").write_text("")
     assert check_path(starting) is None  # a run whose log has no header yet
     (starting / "run.jsonl").write_text("")

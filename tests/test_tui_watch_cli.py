@@ -93,10 +93,18 @@ def test_wait_keeps_watching_a_path_that_does_not_exist_yet(tmp_path: Path) -> N
     _keeps_running(tmp_path / "not-started", "--wait")
 
 
-def test_a_run_directory_without_steps_yet_opens_and_waits(tmp_path: Path) -> None:
-    empty = tmp_path / "starting"
+def test_an_empty_folder_fails_in_one_line_like_analyze_unless_waited_for(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
     empty.mkdir()
-    _keeps_running(empty)
+    assert "folder holds nothing readable" in _fails_in_one_line(empty)
+    _keeps_running(empty, "--wait")
+
+
+def test_a_run_directory_without_steps_yet_opens_and_waits(tmp_path: Path) -> None:
+    starting = tmp_path / "starting"
+    starting.mkdir()
+    (starting / "samples.rank0.jsonl").write_text("")  # what a starting run writes first
+    _keeps_running(starting)
     only_header = tmp_path / "header-only"
     w = RunWriter(only_header)
     w.header(**header())

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.detectors.base import RunContext
-from grpo_monitor.detectors.signals import resolve_correctness
+from grpo_monitor.detectors.signals import resolve_correctness, reward_names_in, reward_roles
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ WATCHED_BY: dict[str, tuple[str, ...]] = {
     "reward_negative": ("no_learning_signal",),
     "advantage_mean_zero": ("no_learning_signal",),
     "capped_but_learning": ("truncation", "no_learning_signal"),
+    "format_reward_saturated": ("reward_function_bug", "reward_component_divergence"),
 }
 NOTE_IDS = tuple(WATCHED_BY)
 
@@ -611,10 +612,41 @@ def _advantage_mean_zero(run: _Run) -> dict[str, Any] | None:
         {"metric": key, "steps": len(a), "near_zero_steps": int(near.sum())})
 
 
+def _format_reward_saturated(run: _Run) -> dict[str, Any] | None:
+    names = reward_names_in(run.columns.keys())
+    name = run.context.format_reward or reward_roles(names)[1]
+    if not name:
+        return None
+    steps, mean = run.values(f"rewards/{name}/mean")
+    _, std = run.values(f"rewards/{name}/std")
+    if len(mean) < MIN_POINTS or len(std) != len(mean):
+        return None
+    pinned = (np.abs(std) <= 1e-9) & (mean > 1e-9)
+    if pinned.sum() < MIN_POINTS or not pinned[-MIN_POINTS:].all():
+        return None
+    first = int(np.flatnonzero(pinned)[0])
+    value = float(mean[-1])
+    if np.ptp(mean[pinned]) > 1e-9:
+        return None  # one value per batch, not a saturated score: reward_function_bug's case
+    _, rs = run.values("reward_std")
+    return _note(
+        "format_reward_saturated",
+        f"{name} pays {_g(value)} to every completion (std 0) on {int(pinned.sum())} of {len(mean)} logged steps, "
+        f"since step {int(steps[first])}",
+        "The model already writes the format the reward asks for (instruct models do from the start; a run learns it "
+        "early): the format reward is saturated. It gives every completion of a group the same score, so it carries no "
+        "advantage and needs none; the other components carry the learning signal"
+        + (f" (reward_std median {_g(float(np.median(rs)))})." if len(rs) else "."),
+        "A format reward pinned at 0 from the start is a broken function (reward_function_bug). Pinned at its full "
+        "score because the chat template writes the format into the prompt, it pays for nothing the model does: "
+        "grpo-monitor inspect-rewards checks the template before training.",
+        {"component": name, "value": value, "steps_pinned": int(pinned.sum()), "since_step": int(steps[first])})
+
+
 _NOTES: tuple[Callable[[_Run], dict[str, Any] | None], ...] = (
     _loss_near_zero, _loss_negative, _loss_rising, _clip_ratio_zero, _grad_norm_above_max, _kl_rising,
     _reward_std_falling, _length_falling, _reward_zero_at_start, _component_std_vs_group_std, _is_ratio_not_one,
-    _reward_negative, _advantage_mean_zero, _capped_but_learning,
+    _reward_negative, _advantage_mean_zero, _capped_but_learning, _format_reward_saturated,
 )
 _reported: set[str] = set()
 

@@ -3,7 +3,9 @@
 The replay feeds each logged step (and its samples, for our run directories) through the same
 ``Engine`` the callback uses, in step order, so a finding's ``step`` is the step at which the
 live monitor raised or would have raised it. A run directory's ``config_*`` findings (the
-pre-flight checks the callback wrote at the start) are part of its report, as they were live.
+pre-flight checks the callback wrote at the start) are part of its report, as they were live, with
+their recommendations; they are advice on the recipe and never set the verdict, so one run gets one
+verdict whichever of its logs (run directory, console log, checkpoint) is read.
 
 Every report says which detectors could judge the run and why the others could not. A run no
 failure detector could judge is never called healthy: its verdict is ``cannot_judge``, with the
@@ -19,6 +21,7 @@ import gc
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +39,9 @@ SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 CURVES = ("entropy", "reward", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std", "grad_norm",
           "kl", "eval_reward", "eval_accuracy")
 VERDICTS = ("healthy", "incomplete", "cannot_judge", "warning", "critical")
+# The status of a run that stopped before its end (Ctrl-C, a crash): its verdict is ``incomplete``
+# unless a finding says more.
+INTERRUPTED = "interrupted"
 _BARS = "▁▂▃▄▅▆▇█"
 # The inputs the failure detectors read, in the order a user would map them.
 KEY_INPUTS = ("reward", "completions/mean_length", "completions/clipped_ratio", "entropy", "frac_reward_zero_std",
@@ -116,8 +122,20 @@ class RunReport:
                 if c.get("role") == "failure" and c.get("status") != "judged" and c.get("status") != "not_applicable"}
 
     @property
+    def training_findings(self) -> list[Finding]:
+        """The detectors' findings about the training, without the pre-flight ``config_*`` ones."""
+        return [f for f in self.findings if not is_preflight(f)]
+
+    @property
+    def preflight_findings(self) -> list[Finding]:
+        """The pre-flight ``config_*`` findings a run directory records: advice on the recipe."""
+        return [f for f in self.findings if is_preflight(f)]
+
+    @property
     def worst_severity(self) -> int:
-        return max((SEVERITY_RANK.get(f.severity, 0) for f in self.findings), default=-1)
+        # The verdict is about the training: the recipe's pre-flight findings are shown with their
+        # recommendations but a run directory, its console log and its checkpoint get one verdict.
+        return max((SEVERITY_RANK.get(f.severity, 0) for f in self.training_findings), default=-1)
 
     @property
     def verdict(self) -> str:
@@ -128,13 +146,14 @@ class RunReport:
             return "warning"
         if self.coverage and not self.judged_by:
             return "cannot_judge"
-        if self.status == "incomplete":
+        if self.status in ("incomplete", INTERRUPTED):
+            # A run that stopped before its end is never called healthy; a finding, above, wins over it.
             return "incomplete"
         return "healthy"
 
     @property
     def flagged(self) -> bool:
-        return any(f.severity in ("warning", "critical") for f in self.findings)
+        return any(f.severity in ("warning", "critical") for f in self.training_findings)
 
     @property
     def exit_code(self) -> int:
@@ -178,6 +197,12 @@ class RunReport:
         return out
 
 
+def is_preflight(finding: Finding | Mapping[str, Any]) -> bool:
+    """A pre-flight ``config_*`` finding (the recipe lint's), not a detector's finding about the training."""
+    det = finding.get("detector") if isinstance(finding, Mapping) else getattr(finding, "detector", "")
+    return str(det or "").startswith("config_")
+
+
 @dataclass
 class Report:
     runs: list[RunReport]
@@ -185,6 +210,22 @@ class Report:
     errors: list[tuple[str, str]] = field(default_factory=list)
     # Loose files beside the runs of a folder that looked like logs but did not read as one.
     skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """The verdict over every run, worst first as the exit code ranks them: ``critical``, ``warning``,
+        ``unreadable`` (a run found could not be read), ``cannot_judge``, ``incomplete``, ``healthy``;
+        a single run's own verdict when one was analysed."""
+        verdicts = {r.verdict for r in self.runs}
+        for v in ("critical", "warning"):
+            if v in verdicts:
+                return v
+        if self.errors or not self.runs:
+            return "unreadable"
+        for v in ("cannot_judge", "incomplete"):
+            if v in verdicts:
+                return v
+        return "healthy"
 
     @property
     def exit_code(self) -> int:
@@ -423,10 +464,18 @@ def write_loss(src: Any) -> Any:
 
 
 def run_status(src: Any) -> tuple[str | None, str]:
-    """Whether a run directory finished: its final summary, a restart the monitor asked for, or neither.
-    A run whose writer could not write some of its steps is ``incomplete`` whatever else it did:
-    its findings cover only the steps in the log."""
+    """Whether a run finished: a run directory's final summary, a restart the monitor asked for, an
+    interruption its log records (Ctrl-C, a crash), or none of them; a log that ends in a traceback
+    (a console log's ``KeyboardInterrupt``) is an interrupted run. A run whose writer could not write some
+    of its steps is ``incomplete`` whatever else it did: its findings cover only the steps in the log."""
     run = getattr(src, "run", None)
+    last = src.steps[-1][0] if src.steps else None
+    at = f" after step {last}, the last it logged," if last is not None else " before its first logged step,"
+    ended_by = (getattr(src, "meta", None) or {}).get("ended_by")
+    if ended_by and (run is None or src.format != "run_dir"):
+        how = "interrupted (Ctrl-C)" if "KeyboardInterrupt" in ended_by else f"stopped by {ended_by}"
+        return INTERRUPTED, (f"the log ends in a traceback: the run was {how}{at} before its end; the findings "
+                             "cover the steps logged so far")
     if run is None or src.format != "run_dir":
         return None, ""
     loss = write_loss(src)
@@ -436,6 +485,9 @@ def run_status(src: Any) -> tuple[str | None, str]:
         return None, ""
     if getattr(run, "restarts", None):
         return "restarted", "stopped by the monitor to restart with a variant (see its segments)"
+    stop = next((n for n in reversed(getattr(run, "notes", None) or []) if n.get("event") == INTERRUPTED), None)
+    if stop is not None:
+        return INTERRUPTED, f"{stop.get('message') or 'the run was interrupted'}; the findings cover the steps logged so far"
     if not src.steps:
         return "incomplete", "no logged step: the run stopped before its first log, or has not logged yet"
     last = src.steps[-1][0]
@@ -487,6 +539,11 @@ def analyze_run(path: str | os.PathLike[str], detectors: Sequence[Any] | None = 
     from grpo_monitor.readers.model import set_model
 
     facts = model_facts_of(model)
+    kind = own_report(path) if Path(path).is_file() else None
+    if kind is not None:
+        from grpo_monitor.readers import SourceError
+
+        raise SourceError(Path(path), f"a {kind}, not a training log: analyze the run it reports on")
     with _collector_paused():
         src = load_source(path, logging_steps=logging_steps)
         parts = split_runs(src) or [(str(path), src)]
@@ -752,7 +809,7 @@ _MAX_DEPTH = 6
 _MAX_DIRS = 20000
 
 
-def discover_runs(path: str | os.PathLike[str]) -> list[Path] | None:
+def discover_runs(path: str | os.PathLike[str], skipped: list[tuple[str, str]] | None = None) -> list[Path] | None:
     """The runs in a folder that holds several, each as the path to read; None when ``path`` is
     one run (or a file), which is then read as it is.
 
@@ -772,7 +829,7 @@ def discover_runs(path: str | os.PathLike[str]) -> list[Path] | None:
     runs = [c for _, c in found]
     if len(runs) == 1 and runs[0] == p:
         return None
-    loose = _loose_logs(p)
+    loose = _loose_logs(p, skipped)
     if not runs and not loose:
         return None
     return sorted(set(runs + loose), key=lambda x: str(x))
@@ -827,8 +884,53 @@ def _marker(d: Path) -> str | None:
     return None
 
 
-def _loose_logs(d: Path) -> list[Path]:
-    """Files directly in ``d`` that read as logs of a known format (README files and the like do not)."""
+# What this tool's own saved outputs begin with: reports of runs, not training logs.
+_OWN_REPORTS = (
+    (re.compile(r'\A\s*\{\s*"runs"\s*:\s*\[\s*(?:\{\s*"source"|\])'), "grpo-monitor analyze --json report"),
+    (re.compile(r"\A\s*# grpo-monitor report\b"), "grpo-monitor analyze --markdown report"),
+    (re.compile(r"\A\s*== .*\n(?:read: .*\n|model: .*\n)*verdict: "), "grpo-monitor analyze report"),
+    (re.compile(r"\A\s*grpo-monitor lint: "), "grpo-monitor lint report"),
+    (re.compile(r'\A\s*\{\s*"source"\s*:[^\n]*\n?\s*"device"\s*:\s*\{\s*"judged_for"'), "grpo-monitor lint --json report"),
+    (re.compile(r'\A\s*\{\s*"samples"\s*:\s*\['), None),  # inspect-rewards --json: told by its notice below
+)
+
+
+def own_report(path: str | os.PathLike[str]) -> str | None:
+    """What kind of this tool's own saved report ``path`` is (``analyze > report.txt``, ``--json``,
+    ``--markdown``, ``lint``, ``inspect-rewards --auto --json``), or None for anything else. Such a file
+    reports on runs; read as a log it would be a run of its own.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "report.md"
+    >>> _ = p.write_text("# grpo-monitor report\\n\\n## `runs/a`\\n")
+    >>> own_report(p)
+    'grpo-monitor analyze --markdown report'
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for pattern, kind in _OWN_REPORTS:
+        if pattern.search(head):
+            if kind is None:
+                return "grpo-monitor inspect-rewards --json report" if '"gate_passed"' in _tail(path) else None
+            return kind
+    return None
+
+
+def _tail(path: str | os.PathLike[str], size: int = 65536) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - size))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _loose_logs(d: Path, skipped: list[tuple[str, str]] | None = None) -> list[Path]:
+    """Files directly in ``d`` that read as logs of a known format (README files, and this tool's own
+    saved reports, listed in ``skipped``, do not)."""
     from grpo_monitor.readers import SourceError, detect_format
 
     out = []
@@ -837,6 +939,11 @@ def _loose_logs(d: Path) -> list[Path]:
     except OSError:
         return out
     for f in files:
+        kind = own_report(f)
+        if kind is not None:
+            if skipped is not None:
+                skipped.append((str(f), f"a {kind}, not a training log"))
+            continue
         try:
             detect_format(f)
         except (SourceError, OSError, ValueError):
@@ -885,7 +992,7 @@ def _analyze_all(paths: Sequence[str | os.PathLike[str]], detectors: Sequence[An
     from grpo_monitor.readers import SourceError
 
     report = Report([])
-    for p, how in expand_paths(paths):
+    for p, how in expand_paths(paths, report.skipped):
         if how == "denied":  # inside a folder of runs: maybe not a run at all, so not an error
             report.skipped.append((p, "cannot be entered or read (permission denied)"))
             continue
@@ -929,13 +1036,15 @@ def _is_file(p: Path) -> bool:
         return False
 
 
-def expand_paths(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, str]]:
+def expand_paths(paths: Sequence[str | os.PathLike[str]],
+                 skipped: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
     """Every run to analyse, and how it came: ``given`` (named by the user), ``found`` (a run
     folder or segment found beneath), ``loose`` (a file beside them that looked like a log),
-    ``denied`` (a folder or file beneath that the user may not read)."""
+    ``denied`` (a folder or file beneath that the user may not read); the tool's own saved reports in a
+    folder go to ``skipped``."""
     out: list[tuple[str, str]] = []
     for p in paths:
-        runs = discover_runs(p)
+        runs = discover_runs(p, skipped)
         if runs is None:
             out.extend((x, "given" if i == 0 else "found") for i, x in enumerate(expand_lineages([p])))
             continue
@@ -1058,8 +1167,44 @@ def verdict_line(run: RunReport) -> str:
     """The one line a dashboard or a table shows for a run's verdict."""
     text = VERDICT_TEXT.get(run.verdict, run.verdict.upper())
     if run.verdict == "incomplete" and run.status_note:
-        text += f" — {run.status_note}"
+        text += f" — {run.status} — {run.status_note}" if run.status == INTERRUPTED else f" — {run.status_note}"
     return text
+
+
+def shown_recommendations(recs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records as a report shows them: a warning's advice that a later critical finding turned into a
+    recommendation (of the same change, or of the same detector) is shown once, as the recommendation,
+    with the step it was first advised at (``advised_at``; ``--json`` keeps both records).
+
+    >>> recs = [{"variant": "lower_learning_rate", "status": "advice", "detector": "sudden_collapse", "step": 27},
+    ...         {"variant": "lower_learning_rate", "status": "recommended", "detector": "sudden_collapse", "step": 28},
+    ...         {"variant": "dapo", "status": "advice", "detector": "entropy_collapse", "step": 28}]
+    >>> [(r["variant"], r["status"], r.get("advised_at")) for r in shown_recommendations(recs)]
+    [('lower_learning_rate', 'recommended', 27), ('dapo', 'advice', None)]
+    """
+    from grpo_monitor.core.recommend import ADVICE, CODE_CHANGE, RECOMMENDED
+
+    confirmed = [r for r in recs if (r.get("status") or RECOMMENDED) == RECOMMENDED]
+    switched = {r.get("variant") for r in confirmed} - {CODE_CHANGE}
+    by = {r.get("detector") for r in confirmed}
+    folded = [r for r in recs if r.get("status") == ADVICE and (r.get("variant") in switched or r.get("detector") in by)]
+    out: list[Mapping[str, Any]] = []
+    for r in recs:
+        if any(r is f for f in folded):
+            continue
+        if r in confirmed:
+            first = next((f for f in folded if f.get("variant") == r.get("variant") or f.get("detector") == r.get("detector")),
+                         None)
+            if first is not None:
+                r = {**r, "advised_at": first.get("step")}
+        out.append(r)
+    return out
+
+
+def advised_note(rec: Mapping[str, Any]) -> str:
+    """`` (advised from a warning at step N)`` for a recommendation a warning's advice came before."""
+    at = rec.get("advised_at")
+    return f" (advised from a warning at step {at}, advice only until then)" if at is not None else ""
 
 
 def render_text(report: Report) -> str:
@@ -1081,20 +1226,23 @@ def render_text(report: Report) -> str:
             out.append(f"  note: {w}")
         out.extend(coverage_lines(run))
         out.extend(device_lines(run))
-        if run.findings:
-            out.append("findings:")
-        for f in run.findings:
-            onset = f" (onset ~{f.onset_step})" if f.onset_step is not None else ""
-            variant = f" → {f.variant}" if f.variant else ""
-            out.append(f"  step {f.step} [{f.severity}] {f.detector}{onset}{variant}: {f.message}")
-            shown = [(k, v) for k, v in f.evidence.items() if k not in ANNOTATIONS]
-            if shown:
-                out.append("      evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown[:8]))
-            out.extend(f"      {line}" for line in annotation_lines(run, f))
+        for title, group in (("findings:", run.training_findings),
+                             ("pre-flight (the recipe, checked when training began; not part of the verdict):",
+                              run.preflight_findings)):
+            if group:
+                out.append(title)
+            for f in group:
+                onset = f" (onset ~{f.onset_step})" if f.onset_step is not None else ""
+                variant = f" → {f.variant}" if f.variant else ""
+                out.append(f"  step {f.step} [{f.severity}] {f.detector}{onset}{variant}: {f.message}")
+                shown = [(k, v) for k, v in f.evidence.items() if k not in ANNOTATIONS]
+                if shown:
+                    out.append("      evidence: " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown[:8]))
+                out.extend(f"      {line}" for line in annotation_lines(run, f))
         if run.recommendations:
             out.append("recommendations:")
-        for r in run.recommendations:
-            out.append(f"  {rec_title(r)} — from {r['detector']} at step {r['step']}")
+        for r in shown_recommendations(run.recommendations):
+            out.append(f"  {rec_title(r)} — from {r['detector']} at step {r['step']}{advised_note(r)}")
             out.extend(f"      {r[k]}" for k in ("python", "cli_flags") if r.get(k))
             for reason in r["reasons"][1:]:
                 out.append(f"      why: {reason}")
@@ -1140,9 +1288,9 @@ def annotation_lines(run: RunReport, f: Finding) -> list[str]:
 def _table_rows(report: Report) -> list[tuple[str, ...]]:
     rows = []
     for r in report.runs:
-        dets = ", ".join(sorted({f.detector for f in r.findings if f.severity != "info"})) or "—"
+        dets = ", ".join(sorted({f.detector for f in r.training_findings if f.severity != "info"})) or "—"
         variants = ", ".join(sorted({x["variant"] + ("" if x.get("status", "recommended") == "recommended" else f" ({x['status']})")
-                                     for x in r.recommendations})) or "—"
+                                     for x in shown_recommendations(r.recommendations)})) or "—"
         judged = f"{len(r.judged_by)}/{len(r.judged_by) + len(r.not_judged)}" if r.coverage else "—"
         rows.append((r.source, r.format, str(r.steps), r.verdict, judged, dets, variants))
     for path, _ in report.errors:
@@ -1191,8 +1339,8 @@ def render_markdown(report: Report) -> str:
             for f in r.findings:
                 out += [f"- `{f.detector}` at step {f.step}: {line}" for line in annotation_lines(r, f)]
             out.append("")
-        for rec in r.recommendations:
-            heading = rec_title(rec)
+        for rec in shown_recommendations(r.recommendations):
+            heading = rec_title(rec) + advised_note(rec)
             out += [f"### {heading[:1].upper()}{heading[1:]}", ""]
             if rec.get("python"):
                 out += ["```python", rec["python"], "```", ""]

@@ -109,9 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
 
     w = sub.add_parser("watch", help="live dashboard of a run directory (or any run analyze reads)",
-                       description="Live dashboard of a run directory (followed as it grows) or of any log analyze "
-                                   "reads (replayed). A path that does not exist or cannot be read is reported in one "
-                                   "line (exit 2); a run directory with no steps yet opens and waits.")
+                       description="Live dashboard of a run directory (followed as it grows; a Trainer output_dir "
+                                   "opens the grpo-monitor run directory in it) or of any log analyze reads (replayed). "
+                                   "A path that does not exist, an empty folder or a path that cannot be read is "
+                                   "reported in one line (exit 2); a run directory with no steps yet opens and waits.")
     w.add_argument("path", metavar="RUN", help="run directory, its run.jsonl, or any log analyze reads")
     w.add_argument("--wait", action="store_true",
                    help="wait for a run that has not started yet: open even if RUN does not exist yet, and show "

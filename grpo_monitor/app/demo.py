@@ -16,28 +16,49 @@ DEFAULT_STEPS = 60
 # reward that pays per token. A failure starts after a healthy
 # phase (``switch``: from that step on, the setting changes), so the run has a baseline of its own
 # to be compared with, as a real run does. The switch is part of the scenario's training script, so
-# a restarted segment meets it again, as it would in a real script.
+# a restarted segment meets it again, as it would in a real script: a restart cures a scenario only
+# where the recommended change removes the cause (``restart``: what it cures, or what it cannot).
 SCENARIOS: dict[str, dict[str, Any]] = {
     "healthy": {"config": {}, "extra_rewards": [], "steps": 60, "switch": None,
                 # The warm-started tiny model already solves most of the toy task: plain GRPO keeps it there.
                 "what": "the recipe's plain GRPO on a warm-started model: reward holds near its level (about 1 of "
-                        "1.5), entropy stays steady, nothing is flagged"},
+                        "1.5), entropy stays steady, nothing is flagged",
+                "restart": None},
     "collapse": {"config": {"lr_scheduler_type": "constant", "max_completion_length": 32,
                             "save_strategy": "steps", "save_steps": 5},
                  "extra_rewards": [], "steps": 60, "switch": {"at": 25, "temperature": 0.05, "over": 3},
                  "what": "from step 25 a sampling-temperature schedule anneals to 0.05: completions turn "
-                         "identical within each group and entropy collapses"},
+                         "identical within each group and entropy collapses",
+                 "restart": {"cures": False,
+                             "note": "the temperature schedule is in this scenario's training script, so every "
+                                     "restarted segment meets it again: DAPO changes the loss (clip-higher, truncated "
+                                     "completions masked), not a sampler the script anneals, so its segment collapses "
+                                     "too, and the monitor reports DAPO as tried instead of restarting in a loop. A "
+                                     "restart cures a cause in the training config (see --scenario sudden_collapse and "
+                                     "--scenario length); a cause in the script needs the script changed"}},
     "sudden_collapse": {"config": {"lr_scheduler_type": "constant", "max_completion_length": 32,
                                    "save_strategy": "steps", "save_steps": 5},
                         "extra_rewards": [], "steps": 50, "switch": {"at": 25, "lr_factor": 3000.0},
                         "what": "from step 25 the learning-rate schedule multiplies the rate by 3000 (a warm "
                                 "restart given in the wrong units): one Adam step wrecks the weights and "
-                                "the reward crashes"},
+                                "the reward crashes",
+                        "restart": {"cures": True,
+                                    "note": "the schedule multiplies learning_rate, so the restart's lower "
+                                            "learning_rate, resumed from the checkpoint before the crash, makes its "
+                                            "jump land at a rate one Adam step survives"}},
     "length": {"config": {"loss_type": "grpo", "max_completion_length": 64, "lr_scheduler_type": "constant"},
                "extra_rewards": ["length_bonus_reward"], "steps": 70,
-               "switch": {"at": 20, "min_new_tokens_per_step": 1},
-               "what": "a reward paying 0.05 per token, and from step 20 a length curriculum (min_new_tokens) that "
-                       "grows a token a step: length and reward rise together, correctness does not move"},
+               # The curriculum stands for what a reward paying per token teaches a real policy (every
+               # extra token pays, so longer completions win each group), which a 76k-parameter model
+               # learns too slowly for a demo: it grows only while that reward is weighted into the total.
+               "switch": {"at": 20, "min_new_tokens_per_step": 1, "while_paid": "length_bonus_reward"},
+               "what": "a reward paying 0.05 per token (length_bonus_reward), and from step 20 a length curriculum "
+                       "(min_new_tokens) that grows a token a step while that reward is paid, as a policy learns what "
+                       "it is paid for: length and reward rise together, correctness does not move",
+               "restart": {"cures": True,
+                           "note": "the cause is a reward function: length_bonus_reward pays per token; the restart "
+                                   "weighs it out (reward_weights), so nothing pays for length any more. A loss "
+                                   "variant (Dr. GRPO) cannot remove a reward that pays per token"}},
     # Four prompts a step and a longer warm start: correctness starts well above its step-to-step
     # noise, so its fall is plain; the slow heat makes it a degeneration, not a crash.
     "degenerate": {"config": {"max_completion_length": 16, "lr_scheduler_type": "constant",
@@ -45,7 +66,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                    "warm_start": 600, "extra_rewards": [], "steps": 100,
                    "switch": {"at": 25, "temperature": 12.0, "over": 80},
                    "what": "from step 25 a sampling-temperature schedule heats up to 12 over 80 steps: "
-                           "entropy rises, completions turn to gibberish at the cap, reward falls"},
+                           "entropy rises, completions turn to gibberish at the cap, reward falls",
+                   "restart": {"cures": False,
+                               "note": "the temperature schedule is in this scenario's training script, so a "
+                                       "restarted segment meets it again: a variant changes the loss, not a sampler "
+                                       "the script heats"}},
 }
 
 
@@ -107,6 +132,8 @@ def _scenario_switch(trainer: Any, switch: dict[str, Any]):
             if "min_new_tokens_per_step" in switch and getattr(trainer, "generation_config", None) is not None:
                 cap = int(args.max_completion_length or 0)
                 grow = int((state.global_step - switch["at"] + 1) * switch["min_new_tokens_per_step"])
+                if switch.get("while_paid") and not _is_paid(trainer, switch["while_paid"]):
+                    grow = 0
                 trainer.generation_config.min_new_tokens = max(0, min(grow, cap - 1))
             if "entropy_coef" in switch:
                 trainer.entropy_coef = switch["entropy_coef"]
@@ -116,6 +143,15 @@ def _scenario_switch(trainer: Any, switch: dict[str, Any]):
                 trainer.reward_weights = torch.tensor(switch["reward_weights"], dtype=torch.float32)
 
     return ScenarioSwitch()
+
+
+def _is_paid(trainer: Any, reward_name: str) -> bool:
+    """Whether the trainer weighs reward ``reward_name`` into the total it trains on."""
+    names = list(getattr(trainer, "reward_func_names", None) or [])
+    weights = getattr(trainer, "reward_weights", None)
+    if reward_name not in names or weights is None:
+        return reward_name in names
+    return float(weights[names.index(reward_name)]) != 0.0
 
 
 def scenario_rewards(name: str) -> list[Any]:
@@ -239,9 +275,10 @@ def run_demo(
         if not quiet:
             for seg in lineage.segments:
                 # Segments are counted from 1, as the dashboard and analyze show them.
-                print_summary(seg.run_dir, time.time() - t0, title=f"segment {seg.index + 1}"
+                print_summary(seg.run_dir, title=f"segment {seg.index + 1}"
                               + (f" ({seg.variant}: {seg.overrides})" if seg.variant else " (plain GRPO)"))
             print(f"-- the whole lineage ({len(lineage.segments)} segments) in {time.time() - t0:.1f} s")
+            print("  " + restart_outcome(scenario, lineage, steps))
             print(f"  next: grpo-monitor analyze {root}   |   grpo-monitor watch {root}")
         return root
     trainer = make_trainer(args)
@@ -252,37 +289,98 @@ def run_demo(
     return root
 
 
+def restart_outcome(scenario: str, lineage: Any, steps: int) -> str:
+    """One sentence on what the restarts did: the last segment recovered (ran to its end with no open
+    critical finding), or what a restart can and cannot fix in this scenario."""
+    from grpo_monitor.core.runlog import read_run
+
+    spec = SCENARIOS[scenario].get("restart") or {}
+    last = lineage.segments[-1]
+    log = read_run(last.run_dir)
+    ended = bool(log.steps) and int(log.steps[-1]["step"]) >= steps and not log.restarts
+    open_critical = [f["detector"] for f in log.findings if f["severity"] == "critical"
+                     and not str(f["detector"]).startswith("config_")]
+    if len(lineage.segments) == 1:
+        head = "no restart: nothing confirmed a failure" if ended else "no restart"
+    elif ended and not open_critical:
+        head = (f"recovered: segment {last.index + 1} ({last.variant or 'plain GRPO'}) ran to step {steps} "
+                "with no critical finding")
+    else:
+        head = (f"not recovered: segment {last.index + 1} ({last.variant or 'plain GRPO'}) "
+                + (f"raised {', '.join(dict.fromkeys(open_critical))} again" if open_critical else "did not reach its end"))
+    if not spec.get("note"):
+        return head
+    return f"{head} — {'what the restart fixes' if spec.get('cures') else 'what a restart cannot fix'}: {spec['note']}"
+
+
+PROGRESS_KEYS = (("entropy", "entropy"), ("reward", "reward"), ("completions/mean_length", "length"),
+                 ("completions/clipped_ratio", "clipped"))
+
+
 def _progress_callback(total: int):
-    # Prints every 5th step; a restarted segment counts its steps again from its resume point.
+    # Prints every 5th step; a restarted segment counts its steps again from its resume point. With
+    # steps_per_generation above the accumulation, TRL logs the completions' metrics on generation
+    # steps only: the line then shows the latest generation's, with the step it came from.
     from transformers import TrainerCallback
 
     class DemoProgress(TrainerCallback):
+        def __init__(self) -> None:
+            self.last: dict[str, tuple[float, int]] = {}
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "train_runtime" in logs:
                 return
             step = state.global_step
+            for key, _ in PROGRESS_KEYS:
+                if isinstance(logs.get(key), (int, float)):
+                    self.last[key] = (float(logs[key]), step)
             if step == 1 or step % 5 == 0 or step == total:
-                parts = [f"step {step:>4}/{total}"]
-                for key, label in (("entropy", "entropy"), ("reward", "reward"),
-                                   ("completions/mean_length", "length"), ("completions/clipped_ratio", "clipped")):
-                    v = logs.get(key)
-                    parts.append(f"{label} {v:.3g}" if isinstance(v, (int, float)) else f"{label} —")
-                print("  " + "  ".join(parts), flush=True)
+                print("  " + progress_line(step, total, self.last), flush=True)
 
     return DemoProgress()
 
 
-def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> None:
+def progress_line(step: int, total: int, last: dict[str, tuple[float, int]]) -> str:
+    """``step  12/60  entropy 0.5  reward 1 (step 9)  ...``: each value as of its latest logged step.
+
+    >>> progress_line(12, 60, {"entropy": (0.5, 12), "reward": (1.0, 9)})
+    'step   12/60  entropy 0.5  reward 1 (step 9)  length —  clipped —'
+    """
+    parts = [f"step {step:>4}/{total}"]
+    for key, label in PROGRESS_KEYS:
+        if key not in last:
+            parts.append(f"{label} —")
+            continue
+        value, at = last[key]
+        parts.append(f"{label} {value:.3g}" + (f" (step {at})" if at != step else ""))
+    return "  ".join(parts)
+
+
+def segment_seconds(log: Any) -> float | None:
+    """How long one run log's own training took: its header's start to its last step."""
+    start = log.header.get("start_time")
+    end = log.steps[-1].get("time") if log.steps else None
+    if not isinstance(start, (int, float)) or not isinstance(end, (int, float)):
+        return None
+    return max(0.0, float(end) - float(start))
+
+
+def print_summary(run_dir: Path, seconds: float | None = None, title: str | None = None) -> None:
     from grpo_monitor.core.recommend import title as rec_title
+    from grpo_monitor.core.restart import child_run_dir
     from grpo_monitor.core.runlog import read_run, write_losses
 
+    from grpo_monitor.analysis.report import advised_note, shown_recommendations
+
     log = read_run(run_dir)
+    if seconds is None:
+        seconds = segment_seconds(log)
     model = log.header.get("model", {})
-    last = log.steps[-1]["metrics"] if log.steps else {}
     loss = write_losses(log.notes)
 
     def fmt(key: str) -> str:
-        v = last.get(key)
+        # The latest logged value: off-policy steps log no completion metrics (steps_per_generation).
+        v = next((s["metrics"][key] for s in reversed(log.steps) if isinstance(s["metrics"].get(key), (int, float))), None)
         return "—" if v is None else f"{v:.3g}"
 
     kind = f"MoE {model.get('num_experts')} experts top-{model.get('top_k')}" if model.get("is_moe") else "dense"
@@ -291,7 +389,7 @@ def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> No
     # Steps the writer could not write (the disk filled) were trained all the same: count them.
     trained = len(log.steps) + (loss.steps if loss is not None else 0)
     print(f"grpo-monitor demo: {trained} steps of GRPO on a tiny {model.get('class')} ({kind}, "
-          f"{model.get('num_parameters'):,} parameters) in {seconds:.1f} s")
+          f"{model.get('num_parameters'):,} parameters)" + (f" in {seconds:.1f} s" if seconds is not None else ""))
     if loss is not None:
         print(f"  not in the run log: {loss.line(len(log.steps))}")
     where = f"last recorded step ({log.steps[-1]['step']})" if loss is not None and log.steps else "last step"
@@ -300,13 +398,13 @@ def print_summary(run_dir: Path, seconds: float, title: str | None = None) -> No
     print(f"  samples recorded: {len(log.samples)}; findings: {len(log.findings)}")
     for f in log.findings:
         print(f"  [{f['severity']}] {f['detector']} at step {f['step']}: {f['message']}")
-    for r in log.recommendations:
+    for r in shown_recommendations(log.recommendations):
         change = "  |  ".join(x for x in (r.get("python"), r.get("cli_flags")) if x)
-        print(f"  {rec_title(r)}" + (f": {change}" if change else ""))
+        print(f"  {rec_title(r)}{advised_note(r)}" + (f": {change}" if change else ""))
         for key, advice in (r.get("extra") or {}).items():
             print(f"      also: {key} {advice}")
     for r in log.restarts:
         print(f"  stopped at step {r['step']} to restart with {r['variant']} "
-              f"(resume from {r['resume_from'] or 'the initial model'}) → {run_dir / r['child_run']}")
+              f"(resume from {r['resume_from'] or 'the initial model'}) → {child_run_dir(run_dir, r['child_run'])}")
     print(f"  run directory: {run_dir}")
     print(f"  next: grpo-monitor analyze {run_dir}   |   grpo-monitor watch {run_dir}")

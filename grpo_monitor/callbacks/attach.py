@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -86,6 +87,39 @@ def _announce(callback: MonitorCallback, given: dict[str, Any]) -> None:
             "sample is marked right or wrong: the run header records none, the dashboard's ok column and correct "
             "filter stay empty, and detectors that read correctness go without it. Name it: "
             "attach(trainer, correctness_reward=%r)", ", ".join(names), candidates[0])
+
+
+def _unknown_keywords(unknown: Sequence[str]) -> str:
+    """The one-line error for keywords ``attach`` does not take, with the nearest it does.
+
+    >>> _unknown_keywords(["correctnes_reward"])
+    "grpo_monitor.attach() got an unexpected keyword argument 'correctnes_reward' (did you mean correctness_reward?); see help(grpo_monitor.attach)"
+    """
+    import difflib
+    import inspect
+
+    known = [n for n in inspect.signature(attach).parameters if n not in ("trainer", "alert_options")]
+    hints = [m[0] for k in unknown for m in [difflib.get_close_matches(k, known, n=1)] if m]
+    hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    many = len(unknown) > 1
+    return (f"grpo_monitor.attach() got {'' if many else 'an '}unexpected keyword argument{'s' if many else ''} "
+            f"{', '.join(map(repr, unknown))}{hint}; see help(grpo_monitor.attach)")
+
+
+def _note_interruptions(trainer: Any, callback: MonitorCallback) -> None:
+    """A training loop that leaves by an exception (Ctrl-C, a crash) calls no callback: ``train`` is
+    wrapped so the monitor can say so (``MonitorCallback.interrupted``); the exception goes on unchanged."""
+    train = trainer.train
+
+    @functools.wraps(train)
+    def train_and_note(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return train(*args, **kwargs)
+        except BaseException as exc:
+            callback.interrupted(exc)
+            raise
+
+    trainer.train = train_and_note
 
 
 def attach(
@@ -183,8 +217,7 @@ def attach(
             _check_overrides_applied(trainer.args, supervised["overrides"])
     unknown = [k for k in alert_options if not k.startswith("alerts_")]
     if unknown:
-        raise TypeError(f"attach() got unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
-                        f"{', '.join(map(repr, unknown))}; see help(grpo_monitor.attach)")
+        raise TypeError(_unknown_keywords(unknown))
     if require_reward_gate:
         from grpo_monitor.preflight.reward_gate import require_gate
 
@@ -214,6 +247,7 @@ def attach(
     trainer.add_callback(callback)
     if alert_opts.enabled:
         watch_training(trainer, lambda: callback.alerts)  # a crash is said in the alerts, then raised unchanged
+    _note_interruptions(trainer, callback)
     if _is_main_process(trainer):
         _announce(callback, given)
     if dashboard and getattr(trainer.args, "process_index", 0) == 0:

@@ -380,6 +380,27 @@ class MonitorCallback(TrainerCallback):
             if self.alerts is not None:
                 self._guard("alerts", self.alerts.restart, plan.to_dict())
 
+    def interrupted(self, exc: BaseException) -> None:
+        """The training loop left with ``exc`` (Ctrl-C, a crash): say so once at the console and in the
+        run log, whose steps stay as they are, then let go of what ``on_train_end`` would have."""
+        try:
+            state = getattr(self.trainer, "state", None)
+            step = int(getattr(state, "global_step", 0) or 0)
+            main = bool(getattr(state, "is_world_process_zero", True))
+            how = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else \
+                f"stopped by {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}".rstrip(": ")
+            logged = self.last_step_written
+            message = (f"the run was {how} after step {logged}, the last it logged, before its end" if logged >= 0
+                       else f"the run was {how} before its first logged step")
+            if main and self.writer is not None:
+                self.writer.write({"type": "note", "step": step, "level": "warning", "event": "interrupted",
+                                   "exception": type(exc).__name__, "message": message})
+                logger.warning("grpo-monitor: %s; the run log keeps every step up to it (%s): grpo-monitor analyze "
+                               "%s reports it as interrupted", message, self.run_dir / "run.jsonl", self.run_dir)
+        except Exception as err:  # saying so must never hide the interruption itself
+            self.report_error("interruption note", err)
+        self.on_train_end(getattr(self.trainer, "args", None), getattr(self.trainer, "state", None), None)
+
     def on_train_end(self, args, state, control, **kwargs):
         self._guard("device health", self.device.stop)
         if self.alerts is not None:

@@ -90,6 +90,27 @@ def segment_dir(root: str | os.PathLike[str], n: int) -> Path:
     return Path(root) if n == 0 else Path(root) / f"segment-{n}"
 
 
+_SEGMENT = re.compile(r"^segment-(\d+)$")
+
+
+def child_run_dir(run_dir: str | os.PathLike[str], child_run: Any) -> Path | None:
+    """Where the segment a ``restart`` record names (``child_run``) lives: every segment of a lineage
+    is a sibling under its root (``<root>/segment-<n>``), so a restart written by ``segment-1`` names
+    ``segment-2`` beside it, not inside it. An absolute path is taken as it is.
+
+    >>> str(child_run_dir("/runs/exp", "segment-1")), str(child_run_dir("/runs/exp/segment-1", "segment-2"))
+    ('/runs/exp/segment-1', '/runs/exp/segment-2')
+    """
+    if not isinstance(child_run, str) or not child_run:
+        return None
+    child = Path(child_run)
+    if child.is_absolute():
+        return child
+    run_dir = Path(run_dir)
+    root = run_dir.parent if _SEGMENT.match(run_dir.name) and _SEGMENT.match(child.name) else run_dir
+    return root / child
+
+
 def lineage_dirs(root: str | os.PathLike[str]) -> list[Path]:
     """The run directories of a lineage in order: the root, then segment-1, segment-2, ..."""
     root = Path(root)
@@ -218,7 +239,8 @@ def child_flags(plan: RestartPlan | None) -> list[str]:
     if plan.next_output_dir:
         items["output_dir"] = plan.next_output_dir
     for k, v in items.items():
-        flags += [f"--{k}", _flag_value(v)]
+        # A list field (reward_weights) is one flag with one value per element, as HfArgumentParser reads it.
+        flags += [f"--{k}", *([_flag_value(x) for x in v] if isinstance(v, (list, tuple)) else [_flag_value(v)])]
     if plan.resume_from:
         flags += ["--resume_from_checkpoint", plan.resume_from]
     return flags

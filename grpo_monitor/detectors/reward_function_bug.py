@@ -7,6 +7,15 @@ the template satisfies), one value for the whole batch (broadcast to every compl
 per prompt. The total reward still moves on the other components, so the run looks alive while the
 component the user relies on teaches nothing.
 
+A format reward that pays its full score to every completion from the start is *saturated*, not broken:
+the model already writes the format (the demos' restarted segments, most instruct models). It carries no
+signal, which is fine, and it is never raised here (``analysis.explain`` notes it); a format the chat
+template writes into the prompt is the reward-inspection gate's check. A reward that pays per completion
+token (exactly ``a x length + b`` in every sample batch) pays for length, not quality: it is named as
+the cause (warning), and once the completions have grown under it while correctness has not (critical)
+its fix is ``reward_weights`` with its weight at 0 (remedy ``drop_length_reward``); a loss variant cannot
+remove a reward that pays per token.
+
 The signature is constancy *from the start*: ``rewards/<f>/std`` exactly 0 at every logged point since
 the component's first one, with the mean pinned at one value while another component or the total
 varies. A component that learned its way to a constant (a format reward saturated at 1.0 after a
@@ -33,6 +42,8 @@ from grpo_monitor.detectors.signals import duplicate_key, fair_sample, get, grou
 
 _FORMAT = re.compile(r"format|xml|tag|think|strict|soft|struct|schema", re.IGNORECASE)
 _EPS = 1e-9
+# The recommendation's name for giving a reward that pays per token the weight 0.
+DROP_LENGTH_REWARD = "drop_length_reward"
 
 ADVICE = {
     "dead_format": ("Run the function on a few completions that follow the format. Common causes: a regex "
@@ -44,6 +55,10 @@ ADVICE = {
                          "included) or never finds the answer format the model uses."),
     "dead": ("Check the function can pay at all: run it on completions that should earn it. A penalty that has "
              "not fired yet looks the same; if so, ignore this."),
+    "per_token": ("A reward that pays per completion token lets length, not quality, drive the score, and the "
+                  "policy learns to be long. Remove it, set its weight to 0 (reward_weights) or cap it (a length "
+                  "penalty or DAPO's soft overlong punishment); a loss variant such as Dr. GRPO removes GRPO's "
+                  "length bias but cannot remove a reward that pays per token."),
     "free": ("A reward that pays every completion the same carries no signal. Check for a fallback that returns "
              "a fixed score (e.g. 1.0 when the gold answer cannot be parsed), a format the chat template already "
              "satisfies, or a function that returns a constant."),
@@ -78,7 +93,9 @@ class RewardFunctionBug(Detector):
     pinned before it is raised; critical at ``critical_factor`` times the steps), ``other_steps`` (a
     component at 0 whose name says neither format nor correctness is raised only after this many steps:
     a penalty that has not fired looks alike), ``min_batches`` (sample batches in a row, from the first,
-    showing one score per prompt), ``max_components`` (components followed at most).
+    showing one score per prompt), ``max_components`` (components followed at most); a reward paying per
+    token turns critical once the mean completion length is ``length_growth`` times its first batches' and
+    at least ``min_length_gain`` tokens longer.
 
     >>> det = RewardFunctionBug()
     >>> found = []
@@ -97,8 +114,11 @@ class RewardFunctionBug(Detector):
     requires = (("rewards/*/std",), ("samples",))
 
     def __init__(self, min_points: int = 2, min_steps: int = 8, critical_factor: float = 3.0, other_steps: int = 100,
-                 min_batches: int = 3, max_components: int = 32) -> None:
+                 min_batches: int = 3, max_components: int = 32, length_growth: float = 1.5,
+                 min_length_gain: float = 4.0) -> None:
         self.min_points = check_int("min_points", min_points, 1)
+        self.length_growth = check_float("length_growth", length_growth, 1.0, 1e3, low_open=True)
+        self.min_length_gain = check_float("min_length_gain", min_length_gain, 0.0, 1e6)
         self.min_steps = check_int("min_steps", min_steps, 1)
         self.critical_factor = check_float("critical_factor", critical_factor, 1.0, 1e3)
         self.other_steps = check_int("other_steps", other_steps, 1)
@@ -128,18 +148,31 @@ class RewardFunctionBug(Detector):
         self.per_prompt: dict[str, dict[str, Any]] = {}
         self._correct: str | None = self.context.correctness_reward
         self._format: str | None = self.context.format_reward
+        # Rewards paying per completion token, judged on every sample batch: per component, the batches in a
+        # row (from the first) whose scores are exactly affine in the length, the rate, and the lengths and
+        # correctness of the first batches as the baseline. A batch that breaks the line ends the check.
+        self.token_check = True
+        self.token_runs: dict[str, int] = {}
+        self.token_fit: dict[str, tuple[float, float]] = {}
+        self.token_broken: set[str] = set()
+        self.token_batches = 0
+        self.token_base: list[tuple[float, float | None]] = []
+        self.token_now: tuple[float, float | None] | None = None
+        self.token_since: int | None = None
+        self.saturated: dict[str, float] = {}
 
     # -- per step ---------------------------------------------------------------------------------
 
     def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        if not self._pinned and not self.in_episode and len(metrics) == self._nkeys and not (samples and self.sample_check):
+        if (not self._pinned and not self.in_episode and len(metrics) == self._nkeys
+                and not (samples and (self.sample_check or self.token_check))):
             return None  # nothing left to follow: the healthy path from the first steps on
         if len(metrics) != self._nkeys:
             self._nkeys = len(metrics)
             self._scan(metrics)
         if self._pinned or self._unseen:
             self._follow(step, metrics)
-        if samples and self.sample_check:
+        if samples and (self.sample_check or self.token_check):
             self._batch(step, samples)
         return self._judge(step)
 
@@ -200,6 +233,10 @@ class RewardFunctionBug(Detector):
 
     def _batch(self, step: int, samples: Sequence[Sample]) -> None:
         rows = fair_sample(samples, 256)
+        if self.token_check:
+            self._per_token(step, rows)
+        if not self.sample_check:
+            return
         groups = groups_of(rows)
         names: list[str] = []
         for r in rows:
@@ -262,13 +299,73 @@ class RewardFunctionBug(Detector):
             # From the start or never: a later batch alike is a model that settled, not a bug.
             self.sample_check = False
 
+    def _weight(self, name: str) -> float | None:
+        """The weight the run's ``reward_weights`` gives component ``name`` (None: not known)."""
+        weights = (self.context.config or {}).get("reward_weights")
+        names = list(self.context.reward_names or [])
+        if not isinstance(weights, (list, tuple)) or name not in names or len(weights) != len(names):
+            return None
+        return finite(weights[names.index(name)])
+
+    def _per_token(self, step: int, rows: Sequence[Sample]) -> None:
+        """Components whose score is exactly ``a x length + b`` (a > 0) over a batch of completions with at
+        least three distinct lengths: a reward paying per token. Two lengths always fit a line, so a batch
+        with fewer says nothing; one that breaks the line clears the component for the rest of the run."""
+        scored: list[tuple[float, Mapping[str, Any]]] = []
+        for r in rows:
+            n = finite(r.get("length")) if isinstance(r, Mapping) else None
+            rw = r.get("rewards") if isinstance(r, Mapping) else None
+            if n is not None and isinstance(rw, Mapping):
+                scored.append((n, rw))
+        if not scored:
+            return
+        right = [v for v in (finite(rw.get(self._correct)) for _, rw in scored) if v is not None] if self._correct else []
+        self.token_now = (sum(n for n, _ in scored) / len(scored), sum(right) / len(right) if right else None)
+        if len(self.token_base) < self.min_batches:
+            self.token_base.append(self.token_now)
+        if len({n for n, _ in scored}) < 3:
+            return
+        self.token_batches += 1
+        names = {k for _, rw in scored for k in rw if isinstance(k, str)}
+        for name in sorted(names - self.token_broken):
+            pairs = [(n, v) for n, v in ((n, finite(rw.get(name))) for n, rw in scored) if v is not None]
+            fit = _affine(pairs)
+            if fit is None or fit[0] <= _EPS or self.token_runs.get(name, 0) != self.token_batches - 1:
+                self.token_broken.add(name)
+                self.token_runs.pop(name, None)
+                self.token_fit.pop(name, None)
+                continue
+            self.token_runs[name] = self.token_batches
+            self.token_fit[name] = fit
+            if self.token_since is None:
+                self.token_since = step
+        if self.token_batches >= self.min_batches and not self.token_fit:
+            self.token_check = False  # no component pays per token: nothing left to follow
+
+    def _length_grown(self) -> dict[str, Any] | None:
+        """The growth of the mean length since the first batches, with correctness not improving."""
+        if not self.token_base or self.token_now is None:
+            return None
+        base_len = sorted(b[0] for b in self.token_base)[len(self.token_base) // 2]
+        now_len, now_correct = self.token_now
+        base_correct = [b[1] for b in self.token_base if b[1] is not None]
+        before = sum(base_correct) / len(base_correct) if base_correct else None
+        grown = now_len >= self.length_growth * base_len and now_len >= base_len + self.min_length_gain
+        improving = before is not None and now_correct is not None and now_correct > before + 0.1
+        if not grown or improving:
+            return None
+        return {"mean_length_first_batches": base_len, "mean_length_now": now_len,
+                "correctness_first_batches": before, "correctness_now": now_correct}
+
     # -- judging ------------------------------------------------------------------------------------
 
     def _kind(self, name: str, c: _Component) -> str:
         if c.moved:
             return "per_batch"
         if abs(c.first) > _EPS:
-            return "free"
+            # A format reward paying its score to every completion: the model writes the format already.
+            is_format = name == self._format or (bool(_FORMAT.search(name)) and name != self._correct)
+            return "saturated" if is_format else "free"
         if name == self._format or (_FORMAT.search(name) and name != self._correct):
             return "dead_format"
         if name == self._correct:
@@ -285,6 +382,9 @@ class RewardFunctionBug(Detector):
                 continue
             covered = c.last_step - c.first_step + gap
             kind = self._kind(name, c)
+            if kind == "saturated":
+                self.saturated[name] = c.first
+                continue
             need = self.other_steps if kind == "dead" else self.min_steps
             if covered < need or 2 * c.support < c.points:
                 continue
@@ -295,7 +395,7 @@ class RewardFunctionBug(Detector):
                 lvl = 2
             found.append({"component": name, "kind": kind, "value": finite(c.first) if not c.moved else None,
                           "std": 0.0, "points": c.points, "since_step": c.first_step, "steps": covered,
-                          "advice": ADVICE[kind]})
+                          "advice": ADVICE[kind], "level": lvl})
             level = max(level, lvl)
             onset = c.first_step if onset is None else min(onset, c.first_step)
             if lvl == 2 and c.status == "pinned":
@@ -305,17 +405,54 @@ class RewardFunctionBug(Detector):
             if any(f["component"] == name for f in found):
                 continue
             lvl = 2 if info["batches"] >= 2 * self.min_batches else 1
-            found.append(dict(info, advice=ADVICE[info["kind"]]))
+            found.append(dict(info, advice=ADVICE[info["kind"]], level=lvl))
             level = max(level, lvl)
+        grown = self._length_grown()
+        for name, (rate, intercept) in self.token_fit.items():
+            if self.token_runs.get(name, 0) < self.min_batches or any(f["component"] == name for f in found):
+                continue
+            weight = self._weight(name)
+            if weight is not None and abs(weight) <= _EPS:
+                continue  # weighted out of the total: it pays nothing
+            lvl = 2 if grown is not None else 1
+            found.append({"component": name, "kind": "per_token", "per_token": rate, "intercept": intercept,
+                          "batches": self.token_runs[name], "since_step": self.token_since,
+                          **(grown or {}), "advice": ADVICE["per_token"], "level": lvl})
+            level = max(level, lvl)
+            onset = self.token_since if onset is None else min(onset, self.token_since or onset)
+        base: dict[str, Any] = {"pinned_components": self._pinned,
+                                "sample_check": "running" if self.sample_check else "done"}
+        if self.saturated:
+            base["saturated_components"] = dict(self.saturated)
         if not found:
-            return Assessment(level=0, evidence={"pinned_components": self._pinned,
-                                                 "sample_check": "running" if self.sample_check else "done"})
-        found.sort(key=lambda f: (f["kind"] == "dead", f["since_step"] or 0))
+            return Assessment(level=0, evidence=base)
+        found.sort(key=lambda f: (-f["level"], f["kind"] == "dead", f["since_step"] or 0))
         ev = {"components": found, "advice": found[0]["advice"], "min_points": self.min_points,
               "min_steps": self.min_steps}
+        if self.saturated:
+            ev["saturated_components"] = dict(self.saturated)
+        top = found[0]
+        if top["kind"] == "per_token" and top["level"] == 2 and self._drop_weights(top["component"]):
+            ev["remedy"] = DROP_LENGTH_REWARD
         return Assessment(level=level, evidence=ev, onset_step=onset)
 
+    def _drop_weights(self, name: str) -> list[float] | None:
+        """``reward_weights`` with component ``name`` at 0 and the others as the run weighs them."""
+        names = list(self.context.reward_names or [])
+        if name not in names:
+            return None
+        weights = (self.context.config or {}).get("reward_weights")
+        out = [float(w) for w in weights] if isinstance(weights, (list, tuple)) and len(weights) == len(names) \
+            else [1.0] * len(names)
+        out[names.index(name)] = 0.0
+        return out
+
     def _overrides(self) -> dict[str, Any]:
+        comps = self._evidence.get("components") or [{}]
+        if self._evidence.get("remedy") == DROP_LENGTH_REWARD:
+            weights = self._drop_weights(comps[0].get("component"))
+            if weights is not None:
+                return {"reward_weights": weights}
         return {}
 
     def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
@@ -323,6 +460,19 @@ class RewardFunctionBug(Detector):
         f = comps[0]
         name, kind = f.get("component", "a reward component"), f.get("kind")
         more = f" ({len(comps) - 1} more component(s) in the evidence)" if len(comps) > 1 else ""
+        if kind == "per_token":
+            b = f.get("intercept") or 0.0
+            line = f"{f.get('per_token'):.4g} x length" + (f" {'+' if b > 0 else '-'} {abs(b):.4g}" if abs(b) > 1e-9 else "")
+            what = (f"Reward component {name} pays {f.get('per_token'):.4g} per completion token (its score is exactly "
+                    f"{line} in every sample batch since step {f.get('since_step')})")
+            if f.get("mean_length_now") is not None:
+                what += (f", and the completions have grown under it from {f['mean_length_first_batches']:.3g} to "
+                         f"{f['mean_length_now']:.3g} tokens while correctness has not improved: this reward is the "
+                         f"cause of the length growth")
+                weights = self._drop_weights(name)
+                fix = f" Set its weight to 0 (reward_weights={weights})." if weights else ""
+                return f"{what}{more}.{fix} {f.get('advice', '')}"
+            return f"{what}{more}: it pays for length, not quality. {f.get('advice', '')}"
         if kind == "per_prompt":
             what = (f"Reward component {name} gives every completion of a prompt the same score although the "
                     f"completions differ, in every sample batch since the first")
@@ -333,3 +483,21 @@ class RewardFunctionBug(Detector):
             what = (f"Reward component {name} has paid exactly {f.get('value')} to every completion since step "
                     f"{f.get('since_step')} (std 0 over {f.get('points')} logged points) while the other rewards vary")
         return f"{what}{more}: the function is likely broken and teaches nothing. {f.get('advice', '')}"
+
+
+def _affine(pairs: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """``(a, b)`` when every ``y`` is ``a x + b`` to rounding (a least-squares line with no residual), else None."""
+    if len({x for x, _ in pairs}) < 3:
+        return None  # two lengths always fit a line
+    n = len(pairs)
+    mx = sum(x for x, _ in pairs) / n
+    my = sum(y for _, y in pairs) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pairs)
+    if sxx <= _EPS:
+        return None
+    a = sum((x - mx) * (y - my) for x, y in pairs) / sxx
+    b = my - a * mx
+    scale = max(1.0, max(abs(y) for _, y in pairs))
+    if any(abs(y - (a * x + b)) > 1e-6 * scale for x, y in pairs):
+        return None
+    return a, b

@@ -5,7 +5,8 @@ step 0): each names the rule it breaks, the fix as a config diff and the numbers
 It runs at train start (``lint_trainer``) and on a saved configuration
 (``grpo-monitor lint config.yaml | run_dir``).
 
-Rules (severity): ``config_num_generations`` (critical: fewer than 8 completions per prompt),
+Rules (severity): ``config_num_generations`` (warning: fewer than 8 completions per prompt make a noisier
+baseline; a deviation from the recipe that does not break the run),
 ``config_reward_count`` / ``config_format_reward`` (warning: fewer than two reward functions, no
 format reward), ``config_dataset_prompt`` / ``config_dataset_completions`` (warning: the dataset
 must hold prompts only), ``config_learning_rate`` / ``config_beta`` (info, first run only: more
@@ -16,8 +17,9 @@ not on GSPO), ``config_vlm`` (warning: out of the recipe's scope), ``config_logg
 coarser detection), ``config_max_completion_length`` (warning: most completions truncated),
 ``config_bf16`` (critical: bf16 where the device has none), ``config_memory`` (from the memory
 estimate: critical when it will not fit, warning within 10%; its diff climbs the memory remediation
-ladder, ``detectors.memory_pressure.memory_ladder``, rung by rung until the estimate fits),
-``config_unified_memory`` (info: decode-heavy rollouts on a device sharing its memory with the CPU,
+ladder, ``detectors.memory_pressure.memory_ladder``, rung by rung until the estimate fits;
+``config_memory_unchecked``, info, when a GPU run's memory could not be sized: no model shape, or no device
+memory), ``config_unified_memory`` (info: decode-heavy rollouts on a device sharing its memory with the CPU,
 DGX Spark / GB10 or Grace-Hopper, with the least decode time its bandwidth allows). The vLLM pre-flight: ``config_vllm_off``
 (warning: no vLLM on a multi-GPU CUDA run), ``config_vllm_is_correction`` (warning: the
 importance-sampling correction turned off), ``config_vllm_server_host`` (warning: server mode with
@@ -47,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.core.exit_codes import ExitCode
-from grpo_monitor.core.model_config import moe_from_model_id
+from grpo_monitor.core.model_config import config_from_model_id, moe_from_model_id
 from grpo_monitor.detectors.base import Finding
 from grpo_monitor.preflight.memory import (
     DEFAULT_PROMPT_LENGTH,
@@ -84,8 +86,17 @@ DECODE_HEAVY_TOKENS = 1024
 
 def _finding(rule: str, severity: str, message: str, evidence: dict[str, Any],
              overrides: dict[str, Any] | None = None, variant: str | None = None) -> Finding:
+    evidence = dict(evidence)
+    if overrides and variant is None and severity != "info":
+        # The fix as a named remedy, so the recommendation (report, dashboard, JSON) carries its diff.
+        evidence.setdefault("remedy", f"config_{rule}")
     return Finding(detector=f"config_{rule}", severity=severity, step=0, onset_step=None, variant=variant,
                    config_overrides=dict(overrides or {}), evidence=evidence, message=message)
+
+
+def _ratio(value: float, target: float) -> float | None:
+    """How many times ``value`` is away from ``target`` (None for 0 or below: no finite ratio)."""
+    return round(max(value / target, target / value), 3) if value > 0 else None
 
 
 def _num(v: Any) -> float | None:
@@ -200,6 +211,7 @@ def lint(
     prompt_length: int | None = None,
     details: dict[str, Any] | None = None,
     device_facts: Mapping[str, Any] | None = None,
+    model_note: str | None = None,
 ) -> list[Finding]:
     """Check a GRPO configuration against the recipe; returns ``config_*`` findings at step 0.
 
@@ -216,6 +228,9 @@ def lint(
     memory ``estimate`` (one ``MemoryEstimate``, the one ``config_memory`` quotes; None without a model).
     ``device_facts`` is what the GPU reports of itself (``preflight.memory.detect_device_facts``, a run
     header's ``device``): on a unified-memory machine it enables ``config_unified_memory``.
+    A run judged for a GPU whose memory cannot be checked (no model shape, or no device memory) gets
+    ``config_memory_unchecked`` (info, with ``model_note`` saying why there is no shape): a lint never
+    passes a recipe as fitting without having sized it.
     """
     raw = config_dict(config)
     cfg = with_grpo_defaults(raw)
@@ -225,8 +240,9 @@ def lint(
     # the group baseline needs at least 8 samples
     ng = int(_num(cfg["num_generations"]) or 0)
     if ng < MIN_GENERATIONS:
+        # A noisier baseline, not a broken run: a deviation from the recipe, so a warning.
         out.append(_finding(
-            "num_generations", "critical",
+            "num_generations", "warning",
             f"num_generations={ng} is below the recipe's floor of {MIN_GENERATIONS}: the advantage is relative to the "
             f"group mean, and fewer samples make that baseline too noisy. Use num_generations={MIN_GENERATIONS} (the "
             f"generation batch, per_device_train_batch_size x steps_per_generation x devices, must stay divisible by it).",
@@ -276,7 +292,8 @@ def lint(
                 "learning_rate", "info",
                 f"learning_rate={lr:g} is more than {FAR_FACTOR:g}x away from the recipe's {RECIPE_LEARNING_RATE:g}; "
                 "start there and move only once a base run is stable and the rewards are inspected.",
-                {"learning_rate": lr, "recipe": RECIPE_LEARNING_RATE, "factor": FAR_FACTOR},
+                {"learning_rate": lr, "recipe": RECIPE_LEARNING_RATE, "ratio": _ratio(lr, RECIPE_LEARNING_RATE),
+                 "far_factor": FAR_FACTOR},
                 {"learning_rate": RECIPE_LEARNING_RATE}))
         beta = _num(cfg["beta"])
         if beta is not None and _far(beta, RECIPE_BETA):
@@ -285,7 +302,8 @@ def lint(
             out.append(_finding(
                 "beta", "info",
                 f"{why}; the recipe starts from beta={RECIPE_BETA:g} and moves only once a base run is stable.",
-                {"beta": beta, "recipe": RECIPE_BETA, "factor": FAR_FACTOR}, {"beta": RECIPE_BETA}))
+                {"beta": beta, "recipe": RECIPE_BETA, "ratio": _ratio(beta, RECIPE_BETA), "far_factor": FAR_FACTOR},
+                {"beta": RECIPE_BETA}))
 
     # device facts: a recipe is judged for the device it is written for, not for the machine linting it
     kind, source = device_kind, "given"
@@ -425,11 +443,13 @@ def lint(
             + (" (the GPU may support fp16=True)." if kind != "cpu" else "."),
             {"bf16": True, "device": kind, "bf16_supported": False}, {"bf16": False}))
 
-    # memory
+    # memory: checked, or said not to be
     if kind != "cpu" and device_memory_gib and est is not None:
         f = est.finding()
         if f is not None:
             out.append(f)
+    elif kind != "cpu":
+        out.append(_memory_unchecked(est, device_memory_gib, model_note))
     if kind != "cpu" and device_facts:
         f = unified_memory_finding(cfg, shape, device_facts, est)
         if f is not None:
@@ -480,6 +500,20 @@ def unified_memory_finding(cfg: Mapping[str, Any], shape: Mapping[str, Any], dev
                    "(each rollout reused for several updates, off-policy) cut it; what the CPU side holds (the "
                    "dataloader, the Python process) comes out of the same memory.")
     return _finding("unified_memory", "info", message, ev)
+
+
+def _memory_unchecked(est: Any, device_memory_gib: float | None, model_note: str | None) -> Finding:
+    """Why the memory check could not run: no model shape, or no device memory to hold the estimate against."""
+    if est is None:
+        why = model_note or "no model shape (pass --model DIR with its config.json, or a model_name_or_path lint knows)"
+        return _finding("memory_unchecked", "info",
+                        f"Memory was not checked: {why}.", {"checked": False, "reason": "no model shape"})
+    peak = est.peak / 1024**3
+    return _finding("memory_unchecked", "info",
+                    f"Memory was not checked against a device: the estimate is {peak:.1f} GiB per device, and the "
+                    "device's memory is not known here (no GPU on this machine): pass --device-memory-gib "
+                    "(80 for an 80 GiB GPU).",
+                    {"checked": False, "reason": "device memory unknown", "peak_gib": round(peak, 2)})
 
 
 def _vllm_checks(cfg: Mapping[str, Any], raw: Mapping[str, Any], shape: Mapping[str, Any], kind: str | None,
@@ -736,20 +770,39 @@ def lint_path(path: str | os.PathLike[str], **kwargs: Any) -> tuple[list[Finding
         mp = cfg.get("model_name_or_path")
         if model is None and isinstance(mp, str) and (Path(mp) / "config.json").is_file():
             model = mp
+        elif model is None and isinstance(mp, str):
+            model = mp  # a hub id: its architecture's shape from the table, below
         ds = cfg.get("dataset_name")
         if kwargs.get("dataset") is None and isinstance(ds, str) and Path(ds).is_file():
             kwargs["dataset"] = _local_columns(Path(ds))
     if isinstance(model, (str, os.PathLike)):
-        try:
-            model = model_shape(model)
-        except (OSError, ValueError) as exc:
-            raise LintInputError(f"{model}: cannot read the model config ({exc})") from None
+        model, ctx["model_source"] = _model_of(model)
     ctx["config"] = cfg
     ctx["model"] = model
     details: dict[str, Any] = {}
-    findings = lint(cfg, model=model, details=details, **kwargs)
+    note = None if model is not None else ctx.get("model_source")
+    findings = lint(cfg, model=model, details=details, model_note=note, **kwargs)
     ctx.update(details)
     return findings, ctx
+
+
+def _model_of(name: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str]:
+    """The shape of a model named by a local folder or ``config.json``, else by a hub id the table of
+    common architectures knows (``core.model_config.config_from_model_id``); None when neither, with
+    where the shape came from (or why there is none)."""
+    path = Path(name)
+    if path.exists():
+        try:
+            return model_shape(path), f"{path / 'config.json' if path.is_dir() else path}"
+        except (OSError, ValueError) as exc:
+            raise LintInputError(f"{name}: cannot read the model config ({exc})") from None
+    known = config_from_model_id(str(name))
+    if known is not None:
+        shape = model_shape(known)
+        shape["source"] = f"model id {name}"  # said where a finding rests on it (MoE by its id)
+        return shape, f"{name}: the table of common architectures (no local config.json)"
+    return None, (f"{name} is neither a local model folder nor an architecture lint knows by its hub id: "
+                  "pass --model DIR with its config.json")
 
 
 def _local_columns(path: Path) -> dict[str, Any] | None:
@@ -793,7 +846,7 @@ def add_lint_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 
 def run_lint_cli(args: argparse.Namespace) -> int:
-    """Exit 0 when no warning/critical finding, 1 when some, 2 on unusable input."""
+    """Exit 0 when no critical finding (warnings and notes are advice), 1 when one, 2 on unusable input."""
     from grpo_monitor.preflight.memory import detect_device_facts, detect_device_memory_gib
 
     device = None if args.device == "auto" else args.device
@@ -817,18 +870,20 @@ def run_lint_cli(args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
     est = ctx.get("estimate")
     note = device_note(ctx)
-    flagged = any(f.severity in ("warning", "critical") for f in findings)
+    # A recipe that will not run (a critical finding) fails the check; warnings are advice.
+    critical = any(f.severity == "critical" for f in findings)
     if args.json:
         doc = {"source": ctx["source"],
                "device": {"judged_for": ctx.get("device"), "from": ctx.get("device_from"),
                           "reasons": ctx.get("device_reasons") or [], "this_machine": ctx.get("local_device"),
                           "note": note},
+               "model": {"shape_from": ctx.get("model_source")} if ctx.get("model_source") else None,
                "findings": [f.to_dict() for f in findings],
                "memory": est.to_dict() if est is not None else None}
         print(json.dumps(doc, indent=2, default=str))
     else:
-        print(format_report(ctx["source"], findings, est, note=note))
-    return ExitCode.FINDINGS if flagged else ExitCode.CLEAN
+        print(format_report(ctx["source"], findings, est, note=note, model_source=ctx.get("model_source")))
+    return ExitCode.FINDINGS if critical else ExitCode.CLEAN
 
 
 def device_note(details: Mapping[str, Any]) -> str | None:
@@ -840,12 +895,17 @@ def device_note(details: Mapping[str, Any]) -> str | None:
             f"{here}: `--device cpu` judges it for this machine")
 
 
-def format_report(source: str, findings: Sequence[Finding], est: Any = None, note: str | None = None) -> str:
+def format_report(source: str, findings: Sequence[Finding], est: Any = None, note: str | None = None,
+                  model_source: str | None = None) -> str:
     lines = [f"grpo-monitor lint: {source}"]
     if note:
         lines.append(f"  {note}")
+    if model_source and est is not None:
+        lines.append(f"  model shape from {model_source}")
     if not findings:
-        lines.append("  no findings: the configuration follows the recipe")
+        # Only a run whose memory was checked gets here without a finding (config_memory_unchecked otherwise).
+        fits = " and fits its device's memory (the estimate below)" if est is not None and est.fits else ""
+        lines.append(f"  no findings: the configuration follows the recipe{fits}")
     for f in findings:
         lines.append(f"  [{f.severity}] {f.detector}: {f.message}")
         if f.config_overrides:
@@ -858,5 +918,5 @@ def format_report(source: str, findings: Sequence[Finding], est: Any = None, not
         lines.extend("  " + line for line in est.table().splitlines())
     else:
         lines.append("")
-        lines.append("memory: no estimate (pass --model DIR with a config.json, or set model_name_or_path to a local model)")
+        lines.append("memory: no estimate (pass --model DIR with a config.json, or a model_name_or_path lint knows: a local model or a common hub id)")
     return "\n".join(lines)

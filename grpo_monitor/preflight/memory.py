@@ -185,6 +185,14 @@ def shape_from_config(cfg: Any) -> dict[str, Any]:
     attn_bias = bool(text.get("attention_bias")) or model_type in ("qwen2", "qwen2_moe")
     qk_norm = model_type.startswith(("qwen3", "olmoe"))
     attn = h * q_dim + 2 * h * kv_dim + q_dim * h
+    kv_lora = int(text.get("kv_lora_rank") or 0)
+    if kv_lora:  # multi-head latent attention (DeepSeek-V2/V3): low-rank q and kv projections
+        q_lora = int(text.get("q_lora_rank") or 0)
+        nope, rope = int(text.get("qk_nope_head_dim") or 0), int(text.get("qk_rope_head_dim") or 0)
+        v_dim = int(text.get("v_head_dim") or nope)
+        q_head = nope + rope
+        attn = (h * q_lora + q_lora + q_lora * heads * q_head) if q_lora else h * heads * q_head
+        attn += h * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim) + heads * v_dim * h
     if attn_bias:
         attn += q_dim + 2 * kv_dim
     if qk_norm:  # Qwen3 normalises per head (head_dim); OLMoE over the full q / kv width
@@ -397,7 +405,8 @@ class MemoryEstimate:
                       "terms": dict(self.terms), "train_phase": self.train_phase,
                       "generation_phase": self.generation_phase,
                       "ladder": [{"remedy": r["remedy"], "overrides": dict(r["overrides"]), "peak_bytes": r["peak_bytes"]}
-                                 for r in self.ladder]},
+                                 for r in self.ladder],
+                      **({"remedy": "config_memory"} if self._overrides else {})},
             message=msg,
         )
 

@@ -323,13 +323,25 @@ def score_samples(samples: Sequence[Mapping[str, Any]], funcs: Sequence[Any]) ->
     return scores, errors
 
 
+def _no_score(v: float | None) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
 def scores_differ(a: float | None, b: float | None, tol: float = 1e-6) -> bool:
-    """Two scores of one sample disagree: one is missing and the other not, or they differ by more than ``tol``."""
-    a_none = a is None or (isinstance(a, float) and math.isnan(a))
-    b_none = b is None or (isinstance(b, float) and math.isnan(b))
-    if a_none or b_none:
-        return a_none != b_none
+    """Two scores of one sample disagree: both are scores and they differ by more than ``tol``. A sample
+    one side did not score (None: no gold answer, say) is not compared, so it is never a disagreement.
+
+    >>> scores_differ(1.0, 0.0), scores_differ(1.0, None), scores_differ(None, None)
+    (True, False, False)
+    """
+    if _no_score(a) or _no_score(b):
+        return False
     return abs(float(a) - float(b)) > tol  # type: ignore[arg-type]
+
+
+def unscored(scores: Sequence[float | None]) -> int:
+    """How many samples a function or reference gave no score."""
+    return sum(1 for v in scores if _no_score(v))
 
 
 def parse_reference_specs(specs: Sequence[str] | None, names: Sequence[str]) -> list[tuple[str, str]]:
@@ -359,10 +371,23 @@ def score_references(samples: Sequence[Mapping[str, Any]], pairs: Sequence[tuple
         except (ValueError, GateInputError) as exc:
             raise GateInputError(f"--reference {name}={ref}: {exc}") from None
         ref_scores, ref_errors = score_samples(samples, [func])
-        refs[name] = {"reference": ref, "scores": next(iter(ref_scores.values()))}
+        scores = next(iter(ref_scores.values()))
+        refs[name] = {"reference": ref, "scores": scores}
         for err in ref_errors.values():
             errors[f"reference {ref} (for {name})"] = err
+        if samples and not ref_errors and unscored(scores) == len(samples):
+            # Nothing was cross-checked: a reference that scores no sample agrees and disagrees with nothing.
+            errors[f"reference {ref} (for {name})"] = (
+                f"scored none of the {len(samples)} samples, so nothing was cross-checked"
+                + (f"; if the gold answer is in another column, name it: --reference {name}={ref.split(':')[0]}:COLUMN"
+                   if ref.split(":")[0] in _column_references() else ""))
     return refs, errors
+
+
+def _column_references() -> dict[str, str]:
+    from grpo_monitor.rewards.registry import COLUMN_REFERENCES
+
+    return COLUMN_REFERENCES
 
 
 def disagreements_first(samples: list[dict[str, Any]], scores: dict[str, list[float | None]],
@@ -388,6 +413,11 @@ def disagreement_report(samples: Sequence[Mapping[str, Any]], scores: Mapping[st
             if scores_differ(scores[n][i], references[n]["scores"][i])]
     lines = [f"disagreements between the reward functions and their references: {len(rows)} "
              f"(on {len({i for i, _ in rows})} of {len(samples)} samples)"]
+    for n, r in references.items():
+        missing = sum(1 for i in range(len(samples)) if _no_score(scores[n][i]) or _no_score(r["scores"][i]))
+        if missing:
+            lines.append(f"  {n} vs {r['reference']}: {missing} of {len(samples)} samples not compared "
+                         f"(no score on one side; not counted as disagreements)")
     if rows:
         head = f"{'#':>3}  {'sample':>6}  {'function':<20} {'score':>8}  {'reference':<20} {'score':>8}  completion"
         lines += [head, "-" * (len(head) + completion_width - len('completion'))]
@@ -481,7 +511,8 @@ class GateSession:
     def reference_summary(self) -> dict[str, dict[str, Any]]:
         """Per component with a reference: how often function, reference and person agree.
 
-        ``function_reference``: share of samples both score the same. ``reference_person``: share of
+        ``function_reference``: share of the samples both scored (``compared``) that they score the same;
+        a sample one side did not score is not compared. ``reference_person``: share of
         judged samples where the reference is consistent with the person, i.e. it equals the
         function's score where the person accepted that score and differs where the person marked
         it wrong. ``function_person``: the component's agreement with the person."""
@@ -492,9 +523,11 @@ class GateSession:
             differ = [i for i in range(n) if self.disagrees(name, i)]
             consistent = [i for i in judged if (name in self.wrong_components(i)) == self.disagrees(name, i)]
             accepted = [i for i in judged if name not in self.wrong_components(i)]
+            compared = [i for i in range(n) if not (_no_score(self.scores[name][i]) or _no_score(ref["scores"][i]))]
             out[name] = {
                 "reference": ref.get("reference"),
-                "function_reference": (n - len(differ)) / n if n else None,
+                "function_reference": (len(compared) - len(differ)) / len(compared) if compared else None,
+                "compared": len(compared),
                 "reference_person": len(consistent) / len(judged) if judged else None,
                 "function_person": len(accepted) / len(judged) if judged else None,
                 "disagreements": differ,
@@ -899,7 +932,9 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--reference", action="append", default=None, metavar="NAME=REFERENCE",
                         help="score the same samples with a reference reward (exact_match, exact_match_string, "
                              "json_schema, unit_tests, answer_format, ... or module:function) and show the samples "
-                             "where the function NAME and the reference disagree first; repeatable")
+                             "where the function NAME and the reference disagree first; a reference that reads a "
+                             "dataset column takes its name after a colon (exact_match:gold: the gold answer is in "
+                             "column 'gold'); repeatable")
     return parser
 
 

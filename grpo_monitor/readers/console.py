@@ -94,18 +94,48 @@ def sniff(text: str) -> str | None:
     return None
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+_RAISED = re.compile(r"^(?P<exc>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure|Timeout|Killed)\b[^\n]*)$", re.M)
+
+
+def ended_by_traceback(text: str) -> str | None:
+    """The exception a log ends with: its last traceback's final line (``KeyboardInterrupt``,
+    ``torch.OutOfMemoryError: CUDA out of memory ...``) when no metrics were printed after it; None
+    when the log does not end in a traceback (one a reward function printed mid-run is followed by
+    more steps).
+
+    >>> ended_by_traceback("{'loss': 0.1}\\nTraceback (most recent call last):\\n  File \\"t.py\\", line 3\\nKeyboardInterrupt\\n")
+    'KeyboardInterrupt'
+    """
+    at = text.rfind(_TRACEBACK)
+    if at < 0:
+        return None
+    m = _RAISED.search(text, at + len(_TRACEBACK))
+    if m is None:
+        return None
+    if sniff(text[m.end():]) is not None:
+        return None  # training went on (and logged) after it
+    return m.group("exc").strip()[:200]
+
+
 def read_console(path: Path, text: str | None = None, fmt: str | None = None, logging_steps: int | None = None,
                  label: str | None = None) -> Source:
     if text is None:
         text = decode_text(path.read_bytes())
     if fmt is None:
         fmt = sniff(text)
+    src: Source | None = None
     if fmt == "trl_console":
-        return read_trl(path, text, logging_steps)
-    if fmt == "verl_console":
-        return read_verl(path, text)
-    if fmt == "console":
-        return read_step_lines(path, text, logging_steps)
+        src = read_trl(path, text, logging_steps)
+    elif fmt == "verl_console":
+        src = read_verl(path, text)
+    elif fmt == "console":
+        src = read_step_lines(path, text, logging_steps)
+    if src is not None:
+        ending = ended_by_traceback(text)
+        if ending:
+            src.meta["ended_by"] = ending  # an interrupted run: analyze reports it as such
+        return src
     raise SourceError(path, f"{label or 'text'} holds no training log (no printed metrics dicts, verl "
                             "'step:N - key:value' lines, or lines with a step counter and name: value pairs)")
 

@@ -5,7 +5,8 @@ best first: what the user says (``analyze --model Qwen/Qwen3-30B-A3B`` or a loca
 the ``config.json`` a checkpoint keeps beside its ``trainer_state.json`` (or the base model an
 ``adapter_config.json`` names), and a model id the log itself prints (a notebook's
 ``model_name = "..."``, a printed ``model_name_or_path``, verl's ``actor_rollout_ref.model.path``).
-A model known only by its id is MoE when ``core.model_config.moe_from_model_id`` knows its family.
+A model known only by its id takes its shape from ``core.model_config.config_from_model_id`` (the common
+architectures lint sizes too), else is MoE when ``moe_from_model_id`` knows its family.
 Every set of facts says where it came from (``source``).
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.core.jsonparse import loads
-from grpo_monitor.core.model_config import config_model_facts, moe_from_model_id
+from grpo_monitor.core.model_config import config_from_model_id, config_model_facts, moe_from_model_id
 from grpo_monitor.readers._base import Source, SourceError
 
 # ``key = "owner/name"`` in code or a printed config; the id needs a slash (a hub id or a path), so a
@@ -31,11 +32,16 @@ _HINT_CHARS = 2_000_000
 
 
 def facts_for_id(model_id: str, source: str) -> dict[str, Any]:
-    """A model known by its hub id (or path) alone."""
-    facts: dict[str, Any] = {"name_or_path": model_id}
-    moe = moe_from_model_id(model_id)
-    if moe:
-        facts.update(is_moe=True, num_experts=moe.get("num_experts"), top_k=moe.get("top_k"))
+    """A model known by its hub id (or path) alone: a common architecture's shape from the table
+    lint sizes memory with (type, layout, vision), else what its MoE family says."""
+    known = config_from_model_id(model_id)
+    if known is not None:
+        facts = config_model_facts(known, name=model_id)
+    else:
+        facts = {"name_or_path": model_id}
+        moe = moe_from_model_id(model_id)
+        if moe:
+            facts.update(is_moe=True, num_experts=moe.get("num_experts"), top_k=moe.get("top_k"))
     facts["source"] = source
     return facts
 

@@ -6,7 +6,7 @@ completions, and as a ``--reference`` in ``grpo-monitor inspect-rewards``. Light
 ``math-verify``, ``jsonschema`` and the sandbox load on first use.
 
 * ``exact_match`` / ``ExactMatchReward``: final-answer correctness (``\\boxed{}``, ``<answer>``,
-  ``####``, last number; math-verify equivalence; a plain-string mode).
+  ``####``, last number; math-verify equivalence); ``exact_match_string``, its plain-string mode.
 * ``json_schema`` / ``SchemaReward``: JSON in the completion validated against a JSON Schema.
 * ``unit_test_reward`` / ``UnitTestReward``: share of the example's tests passed, in a sandbox.
 * ``SoftOverlong``: DAPO's soft overlong punishment around any reward.
@@ -22,7 +22,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "exact_match": "correctness", "ExactMatchReward": "correctness", "extract_answer": "correctness",
+    "exact_match": "correctness", "exact_match_string": "correctness", "ExactMatchReward": "correctness",
+    "extract_answer": "correctness",
     "json_schema": "schema", "SchemaReward": "schema", "extract_json": "schema",
     "unit_test_reward": "unit_tests", "UnitTestReward": "unit_tests", "SplitTest": "unit_tests",
     "Sandbox": "sandbox", "Limits": "sandbox", "SandboxRefused": "sandbox",
@@ -33,6 +34,11 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+
+def __dir__() -> list[str]:
+    # The names load on first use; dir() and tab completion list them all the same.
+    return sorted(set(__all__) | {k for k in globals() if k.startswith("__")})
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,9 @@
 """Exact-match correctness: the final answer, extracted the way datasets mark it, against the gold answer.
 
 Extraction, first that applies: the last ``\\boxed{...}`` (or ``\\fbox{...}``), the last
-``<answer>...</answer>``, GSM8K's ``#### X``, "the answer is X" / "Answer: X", and the last number.
+``<answer>...</answer>``, GSM8K's ``#### X``, "the answer is X" / "Answer: X" (the number it opens
+with, else the words up to an aside: "The answer is 12, since 3 x 4 = 12." is 12, "Answer: 7
+(seven)" is 7), and the last number.
 The gold answer goes through the same extraction (a MATH solution's ``\\boxed{}``, a GSM8K answer's
 ``####``), else it is used whole.
 
@@ -11,7 +13,8 @@ Comparison (``mode="math"``): equal after normalisation (spaces, ``$``, ``\\left
 through ``math-verify`` (imported on first use). ``mode="string"``: case- and space-insensitive
 equality of the extracted answers, for non-maths tasks.
 
-Scores 1.0 or 0.0; None when the example has no usable gold answer (TRL skips it).
+Scores 1.0 or 0.0; None when the example has no usable gold answer (TRL skips it); when no column
+holds one at all, a warning names the columns looked for and those given, once.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -28,6 +31,8 @@ from grpo_monitor.rewards._text import completion_text, first_column
 logger = logging.getLogger(__name__)
 
 GOLD_COLUMNS = ("answer", "solution", "target", "ground_truth", "final_answer", "reference")
+# What TRL passes every reward function besides the dataset's columns.
+TRL_ARGUMENTS = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
 
 
 def _balanced(text: str, start: int) -> tuple[str, int] | None:
@@ -49,6 +54,28 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _GSM = re.compile(r"####\s*([^\n]+)")
 _SAYS = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*([^\n]+)|^\s*answer\s*:\s*([^\n]+)", re.I | re.M)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+# A stated answer that opens with a number is that number ("12, since 3 x 4 = 12"; "7 (seven)"); any
+# other ends where an aside begins: a comma or semicolon, a parenthesis, "since", "because", ...
+_LEADING_NUMBER = re.compile(r"\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?)(?![\w.]|,\d{3}|\.\d|\s*/\s*\d|\s*[*^+\-x×]\s*\d)")
+_ASIDE = re.compile(r"\s*(?:[,;]\s|\s\(|\s(?:since|because|as|which|so|for|given|where|when)\b|\s[-–—]\s)", re.I)
+
+
+def _stated(value: str) -> str:
+    """The answer a sentence states, without the reasons that follow it.
+
+    >>> _stated("12, since 3 x 4 = 12."), _stated("7 (seven)"), _stated("1,234 apples"), _stated("3/4.")
+    ('12', '7', '1,234', '3/4')
+    >>> _stated("x/2, because halves"), _stated("Paris"), _stated("2 + 3 = 5"), _stated("12 x 4")
+    ('x/2', 'Paris', '2 + 3 = 5', '12 x 4')
+    """
+    text = value.strip()
+    m = _LEADING_NUMBER.match(text)
+    if m and not re.match(r"\s*[=<>]", text[m.end():]):
+        return m.group(1)
+    cut = _ASIDE.search(text)
+    if cut:
+        text = text[:cut.start()]
+    return text.strip().rstrip(".").strip()
 
 
 def extract_answer(text: str) -> tuple[str, str] | None:
@@ -73,8 +100,8 @@ def extract_answer(text: str) -> tuple[str, str] | None:
     said = _SAYS.findall(text)
     if said:
         val = next((a or b for a, b in reversed(said) if (a or b).strip()), "")
-        if val.strip():
-            return val.strip().rstrip("."), "stated"
+        if _stated(val):
+            return _stated(val), "stated"
     nums = _NUMBER.findall(text)
     if nums:
         return nums[-1].strip(), "last_number"
@@ -216,6 +243,8 @@ class ExactMatchReward:
     def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
                  **kwargs: Any) -> list[float | None]:
         names = (self.answer_column,) if self.answer_column else GOLD_COLUMNS
+        if completions and not any(n in kwargs for n in names):
+            self._warn_missing(names, kwargs)
         out: list[float | None] = []
         for i, c in enumerate(completions or []):
             try:
@@ -224,5 +253,19 @@ class ExactMatchReward:
                 out.append(None)
         return out
 
+    def _warn_missing(self, names: Sequence[str], kwargs: Mapping[str, Any]) -> None:
+        """Once per reward: no column holds the gold answer, so every completion scores None (TRL skips it)."""
+        if getattr(self, "_warned_missing", False):
+            return
+        self._warned_missing = True
+        given = [k for k in kwargs if k not in TRL_ARGUMENTS]
+        guess = next((k for k in given if isinstance(kwargs.get(k), (list, tuple))), None)
+        logger.warning("grpo-monitor %s: no gold answer: looked for the column%s %s, the dataset gives %s; every "
+                       "completion scores None. Name the column: %s(answer_column=%r)%s",
+                       self.__name__, "" if len(names) == 1 else "s", ", ".join(names), ", ".join(given) or "none",
+                       type(self).__name__, guess or "COLUMN",
+                       f" (inspect-rewards: --reference NAME={self.__name__}:{guess or 'COLUMN'})")
+
 
 exact_match = ExactMatchReward()
+exact_match_string = ExactMatchReward(mode="string", name="exact_match_string")

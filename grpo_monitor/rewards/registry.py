@@ -39,28 +39,28 @@ def load_reward_func(spec: str) -> Callable[..., Any]:
     return obj
 
 
-def _exact() -> Any:
+def _exact(column: str | None = None) -> Any:
     from grpo_monitor.rewards.correctness import ExactMatchReward
 
-    return ExactMatchReward()
+    return ExactMatchReward(answer_column=column)
 
 
-def _exact_string() -> Any:
+def _exact_string(column: str | None = None) -> Any:
     from grpo_monitor.rewards.correctness import ExactMatchReward
 
-    return ExactMatchReward(mode="string", name="exact_match_string")
+    return ExactMatchReward(answer_column=column, mode="string", name="exact_match_string")
 
 
-def _schema() -> Any:
+def _schema(column: str | None = None) -> Any:
     from grpo_monitor.rewards.schema import SchemaReward
 
-    return SchemaReward()
+    return SchemaReward(schema_column=column) if column else SchemaReward()
 
 
-def _unit() -> Any:
+def _unit(column: str | None = None) -> Any:
     from grpo_monitor.rewards.unit_tests import UnitTestReward
 
-    return UnitTestReward()
+    return UnitTestReward(tests_column=column)
 
 
 def _format(fmt: str) -> Callable[[], Any]:
@@ -72,7 +72,8 @@ def _format(fmt: str) -> Callable[[], Any]:
     return make
 
 
-REFERENCES: dict[str, Callable[[], Any]] = {
+# Reference name -> factory; those that read a dataset column take its name (``exact_match:gold``).
+REFERENCES: dict[str, Callable[..., Any]] = {
     "exact_match": _exact,
     "exact_match_string": _exact_string,
     "json_schema": _schema,
@@ -81,12 +82,28 @@ REFERENCES: dict[str, Callable[[], Any]] = {
     "think_answer_format": _format("think_answer"),
     "boxed_format": _format("boxed"),
 }
+COLUMN_REFERENCES = {"exact_match": "gold answer", "exact_match_string": "gold answer", "json_schema": "schema",
+                     "unit_tests": "tests"}
 
 
 def resolve_reference(ref: str) -> Any:
-    """A reference reward by registry name, or any ``module:function`` import string."""
+    """A reference reward by registry name, ``NAME:COLUMN`` for one that reads a dataset column under
+    another name (``exact_match:gold``: the gold answer is in column ``gold``), or any
+    ``module:function`` import string (a registry name before the colon wins).
+
+    >>> resolve_reference("exact_match:gold").answer_column, resolve_reference("exact_match").answer_column
+    ('gold', None)
+    """
     if ref in REFERENCES:
         return REFERENCES[ref]()
-    if ":" in ref:
+    name, sep, column = ref.partition(":")
+    if sep and name in REFERENCES:
+        if name not in COLUMN_REFERENCES:
+            raise ValueError(f"{name} reads no dataset column (references that do: {', '.join(COLUMN_REFERENCES)})")
+        if not column.strip():
+            raise ValueError(f"{ref}: name the column after the colon, e.g. {name}:gold")
+        return REFERENCES[name](column.strip())
+    if sep:
         return load_reward_func(ref)
-    raise ValueError(f"unknown reference {ref!r}: use one of {', '.join(sorted(REFERENCES))} or module:function")
+    raise ValueError(f"unknown reference {ref!r}: use one of {', '.join(sorted(REFERENCES))}, NAME:COLUMN "
+                     "(exact_match:gold) or module:function")

@@ -8,8 +8,10 @@ the user before any screen is drawn:
 >>> d = pathlib.Path(tempfile.mkdtemp())
 >>> check_path(d / "typo").endswith("no such file or directory (--wait waits for a run that has not started yet)")
 True
->>> check_path(d / "typo", wait=True) is None, check_path(d) is None  # an empty folder: a run about to start
+>>> check_path(d / "typo", wait=True) is None, check_path(d, wait=True) is None  # --wait: a run about to start
 (True, True)
+>>> check_path(d).endswith("folder holds nothing readable (--wait waits for a run to start in it)")
+True
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from grpo_monitor.app.dashboard.app import WatchApp
 
-__all__ = ["WatchApp", "check_path", "run_watch"]
+__all__ = ["WatchApp", "check_path", "run_path", "run_watch"]
 
 RUN_FILE = "run.jsonl"
 # What a run directory holds before its log has a header: the sample files, a restart plan, the
@@ -38,6 +40,24 @@ def is_starting_run(path: Path) -> bool:
     except OSError:
         return False
     return all(_STARTING_FILES.match(n) for n in names)
+
+
+def run_path(path: str | os.PathLike[str]) -> Path:
+    """The path ``watch`` shows for ``path``, as ``analyze`` reads it: a Trainer output_dir holding a
+    grpo-monitor run directory (``<output_dir>/grpo-monitor/``) is that run, not its checkpoints'
+    ``trainer_state.json``; anything else is itself."""
+    p = Path(path)
+    if not p.is_dir() or (p / RUN_FILE).is_file():
+        return p
+    from grpo_monitor.analysis.report import discover_runs
+
+    try:
+        runs = discover_runs(p)
+    except OSError:
+        return p
+    if runs and len(runs) == 1 and (runs[0] / RUN_FILE).is_file():
+        return runs[0]
+    return p
 
 
 def check_path(path: str | os.PathLike[str], wait: bool = False) -> str | None:
@@ -63,6 +83,9 @@ def _check(p: Path, wait: bool) -> str | None:
     if target.name == RUN_FILE:
         return _check_run_log(target)
     if p.is_dir() and is_starting_run(p):
+        if not wait and not _entries(p):
+            # Nothing at all, as analyze says: only --wait opens it to wait for a run to start there.
+            return f"{p}: folder holds nothing readable (--wait waits for a run to start in it)"
         return None  # a run directory whose log is not written yet: open it and wait
     if not os.access(p, os.R_OK | (os.X_OK if p.is_dir() else 0)):
         return f"{p}: unreadable (permission denied)"
@@ -75,6 +98,13 @@ def _check(p: Path, wait: bool) -> str | None:
     except OSError as exc:
         return f"{p}: unreadable ({exc.strerror or type(exc).__name__})"
     return None
+
+
+def _entries(p: Path) -> list[str]:
+    try:
+        return os.listdir(p)
+    except OSError:
+        return []
 
 
 def _check_run_log(run_file: Path) -> str | None:
@@ -120,14 +150,15 @@ def _not_a_run_log(run_file: Path, first: bytes, lineno: int = 1) -> str | None:
 def run_watch(path: str | os.PathLike[str], wait: bool = False) -> None:
     """Open the dashboard on ``path`` and block until the user quits.
 
-    ``path`` is a run directory (followed live as it grows), its ``run.jsonl``, or any log
-    ``grpo-monitor analyze`` reads (replayed through the detectors). A path that cannot be shown
+    ``path`` is a run directory (followed live as it grows), its ``run.jsonl``, a Trainer output_dir
+    holding one (``run_path``), or any log ``grpo-monitor analyze`` reads (replayed through the detectors). A path that cannot be shown
     raises ``monitor.sources.SourceError`` with one line naming it and the fault, before the screen
     opens where that can be known, else as the app closes. With ``wait`` a path that does not exist
     yet is waited for, and a log that cannot be read is reported on screen while the path is watched.
     """
     from grpo_monitor.readers import SourceError
 
+    path = run_path(path)
     problem = check_path(path, wait=wait)
     if problem is not None and not wait:
         raise SourceError(None, problem)

@@ -217,6 +217,44 @@ class RunModel:
             end, size = start, size * 8
         return None
 
+    def coverage(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """Which detectors can judge what the run logs (``analysis.coverage_from_states``, as ``analyze``
+        reports it) and the metric names holding a value; recomputed only when the logged names, the
+        detectors' states or the segments change."""
+        names = list(self.store.names)
+        key = (tuple(names), tuple(sorted(self.detector_states.items())), len(self.headers))
+        cached = getattr(self, "_coverage", None)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        from grpo_monitor.analysis.report import coverage_from_states
+
+        found = [n for n in names if self.latest_metric(n) is not None]
+        cov = coverage_from_states(self.header, found, self.detector_states)
+        self._coverage = (key, cov, found)
+        return cov, found
+
+    def shown_state(self, detector: str) -> str:
+        """A detector's state as the board shows it: ``not applicable`` where it cannot apply to this
+        run (MoE instability on a dense model, the rollout mismatch without an inference engine's
+        metrics), whatever state it records (ok, or warming up for good); else its recorded state.
+
+        >>> m = RunModel()
+        >>> _ = m.ingest([{"type": "header", "model": {"is_moe": False}},
+        ...               {"type": "step", "step": 1, "metrics": {"reward": 0.5},
+        ...                "detectors": {"moe_instability": "ok", "rollout_mismatch": "warming_up"}}])
+        >>> m.shown_state("moe_instability"), m.shown_state("rollout_mismatch")
+        ('not applicable', 'not applicable')
+        """
+        state = self.detector_states.get(detector, "—")
+        if state in ("ok", "warming_up"):
+            try:
+                cov, _ = self.coverage()
+            except Exception:  # the board draws whatever the coverage check makes of an odd log
+                return state
+            if cov.get(detector, {}).get("status") == "not_applicable":
+                return "not applicable"
+        return state
+
     def metric_names(self, prefix: str) -> list[str]:
         return sorted(n for n in self.store.names if n.startswith(prefix))
 

@@ -4,7 +4,8 @@
 and every ``samples.rank<R>.jsonl``. Files are read by byte offset; a line without its newline
 yet is held back until the rest arrives, so a writer caught mid-line never yields a broken
 record. A directory that does not exist yet is waited for. A ``restart`` record naming a
-``child_run`` makes the tailer follow that directory too (a new segment of the same lineage).
+``child_run`` makes the tailer follow that directory too (a new segment of the same lineage, a
+sibling of the segment that stopped: ``core.restart.child_run_dir``).
 With ``index_samples=True`` (the dashboard) the sample files are not parsed but indexed by step
 (``monitor.runlog.SampleIndex``), a bounded number of bytes per poll, and a step's samples are
 read when shown: the dashboard's memory and start-up time do not grow with the samples.
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_monitor.core.restart import child_run_dir
 from grpo_monitor.core.runlog import RUN_FILE, LineSplitter, RunLogError, SampleIndex, next_data, parse_line
 
 _SAMPLES_RE = re.compile(r"^samples\.rank(\d+)\.jsonl$")
@@ -128,12 +130,6 @@ class RunTailer:
             f = self._files[path] = FileFollower(path)
         return f
 
-    def _child_dir(self, parent: Path, child: object) -> Path | None:
-        if not isinstance(child, str) or not child:
-            return None
-        c = Path(child)
-        return c if c.is_absolute() else parent / c
-
     def _say_once(self, batch: TailBatch, line: str) -> None:
         if line not in self._said:
             self._said.add(line)
@@ -157,7 +153,7 @@ class RunTailer:
             batch.more |= more
             for r in records:
                 if r["type"] == "restart":
-                    child = self._child_dir(d, r.get("child_run"))
+                    child = child_run_dir(d, r.get("child_run"))
                     if child is not None and child not in self.dirs:
                         self.dirs.append(child)
             batch.records.extend(records)

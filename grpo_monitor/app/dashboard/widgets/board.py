@@ -41,7 +41,7 @@ class DetectorPanel(Vertical):
         row = board.cursor_row
         board.clear()
         for d in ids:
-            state = model.detector_states.get(d, "—")
+            state = model.shown_state(d)
             f = latest.get(d)
             sev = str(f.get("severity")) if f else ""
             onset = f.get("onset_step") if f else None

@@ -40,7 +40,8 @@ def role_style(app: App[Any], role: str, bold: bool = False) -> Style:
         return Style(bold=bold)
 
 
-STATE_ROLE = {"ok": "ok", "warming_up": "muted", "warning": "warning", "critical": "critical", "disabled": "muted"}
+STATE_ROLE = {"ok": "ok", "warming_up": "muted", "warning": "warning", "critical": "critical", "disabled": "muted",
+              "not applicable": "muted"}
 
 
 def short(value: Any) -> str:

@@ -69,21 +69,15 @@ class RunHeader(Static):
         """A warning when no failure detector can judge what the run logs (as ``analyze`` reports
         it; the Detectors panel shows each one's state), recomputed only when the logged names or
         the detectors' states change."""
-        names = list(model.store.names)
-        key = (tuple(names), tuple(sorted(model.detector_states.items())), len(model.headers))
-        if key == getattr(self, "_judged_key", None):
-            return getattr(self, "_judged", None)
         try:
-            from grpo_monitor.analysis.report import coverage_from_states, judgement_line
+            from grpo_monitor.analysis.report import judgement_line
 
-            found = [n for n in names if model.latest_metric(n) is not None]
-            cov = coverage_from_states(model.header, found, model.detector_states)
+            cov, found = model.coverage()
             judged: tuple[str, str] | None = judgement_line(cov, found)
             if judged[1] != "warning":
                 judged = None
         except Exception:  # the header must draw whatever the coverage check makes of an odd log
             judged = None
-        self._judged_key, self._judged = key, judged
         return judged
 
     WARNING_CHARS = 200
