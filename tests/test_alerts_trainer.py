@@ -184,8 +184,9 @@ def run_findings(records) -> list[tuple]:
 
 
 def run_recommendations(records) -> list[tuple]:
+    """The training findings' recommendations (the pre-flight ``config_*`` ones stay out, as from the verdict)."""
     return [(r.get("variant") or "", r.get("detector"), r.get("step"), r.get("python") or "") for r in records
-            if r["type"] == "recommendation"]
+            if r["type"] == "recommendation" and not str(r.get("detector")).startswith("config_")]
 
 
 def table_findings(columns, rows) -> list[tuple]:

@@ -229,3 +229,18 @@ def test_the_demo_summary_names_the_next_segment_beside_the_one_that_stopped(tmp
     out = capsys.readouterr().out
     assert f"→ {root / 'segment-2'}" in out and "segment-1/segment-2" not in out
     assert "in 3.0 s" in out  # this segment's own duration: its header's start to its last step
+
+
+def test_cli_flags_parse_back_through_trl_argument_parser():
+    """The flags are what a user pastes after ``python train.py``: TRL's own parser must read them back."""
+    from transformers import HfArgumentParser
+    from trl import GRPOConfig
+
+    from grpo_monitor.core.recommend import cli_flags
+
+    overrides = {"reward_weights": [1.0, 1.0, 0.0], "mask_truncated_completions": True, "beta": 0.0,
+                 "loss_type": "dr_grpo"}
+    argv = ["--output_dir", "/tmp/unused", "--use_cpu", "True", "--bf16", "False", *cli_flags(overrides).split()]
+    (cfg,) = HfArgumentParser(GRPOConfig).parse_args_into_dataclasses(args=argv)
+    assert cfg.reward_weights == [1.0, 1.0, 0.0]
+    assert cfg.mask_truncated_completions is True and cfg.beta == 0.0 and cfg.loss_type == "dr_grpo"

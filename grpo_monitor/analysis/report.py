@@ -539,7 +539,7 @@ def analyze_run(path: str | os.PathLike[str], detectors: Sequence[Any] | None = 
     from grpo_monitor.readers.model import set_model
 
     facts = model_facts_of(model)
-    kind = own_report(path) if Path(path).is_file() else None
+    kind = own_report(path) if _is_file(Path(path)) else None
     if kind is not None:
         from grpo_monitor.readers import SourceError
 

@@ -65,7 +65,7 @@ def _type_ok(field: dataclasses.Field, value: Any) -> bool:
     if isinstance(value, float):
         return "float" in text
     if isinstance(value, str):
-        return "str" in text or "Literal" in text or "Enum" in text or "Union" in text
+        return "str" in text or "Literal" in text or "enum" in text.lower() or "Union" in text
     return True
 
 

@@ -52,6 +52,9 @@ def cli_flags(overrides: Mapping[str, Any]) -> str:
 def _flag_value(v: Any) -> str:
     if isinstance(v, bool):
         return "True" if v else "False"
+    if isinstance(v, (list, tuple)):
+        # HfArgumentParser reads list fields as ``nargs="+"``: space-separated values.
+        return " ".join(_flag_value(x) for x in v)
     return str(v)
 
 

@@ -38,7 +38,14 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
-from grpo_monitor.detectors.signals import duplicate_key, fair_sample, get, groups_of, resolve_correctness
+from grpo_monitor.detectors.signals import (
+    completions_per_step,
+    duplicate_key,
+    fair_sample,
+    get,
+    groups_of,
+    resolve_correctness,
+)
 
 _FORMAT = re.compile(r"format|xml|tag|think|strict|soft|struct|schema", re.IGNORECASE)
 _EPS = 1e-9
@@ -95,7 +102,9 @@ class RewardFunctionBug(Detector):
     a penalty that has not fired looks alike), ``min_batches`` (sample batches in a row, from the first,
     showing one score per prompt), ``max_components`` (components followed at most); a reward paying per
     token turns critical once the mean completion length is ``length_growth`` times its first batches' and
-    at least ``min_length_gain`` tokens longer.
+    at least ``min_length_gain`` tokens longer. ``min_completions``: where the config says how many completions
+    a step scores (``signals.completions_per_step``), a pinned component must also have scored this many (twice
+    as many for critical): two completions a step at 0 for a dozen steps is a hard task's ordinary luck.
 
     >>> det = RewardFunctionBug()
     >>> found = []
@@ -115,8 +124,9 @@ class RewardFunctionBug(Detector):
 
     def __init__(self, min_points: int = 2, min_steps: int = 8, critical_factor: float = 3.0, other_steps: int = 100,
                  min_batches: int = 3, max_components: int = 32, length_growth: float = 1.5,
-                 min_length_gain: float = 4.0) -> None:
+                 min_length_gain: float = 4.0, min_completions: int = 64) -> None:
         self.min_points = check_int("min_points", min_points, 1)
+        self.min_completions = check_int("min_completions", min_completions, 1)
         self.length_growth = check_float("length_growth", length_growth, 1.0, 1e3, low_open=True)
         self.min_length_gain = check_float("min_length_gain", min_length_gain, 0.0, 1e6)
         self.min_steps = check_int("min_steps", min_steps, 1)
@@ -377,6 +387,9 @@ class RewardFunctionBug(Detector):
         level = 0
         onset: int | None = None
         found: list[dict[str, Any]] = []
+        # Completions a logged point scores: a point of a coarse log averages ``gap`` steps.
+        per_step = completions_per_step(self.context.config)
+        per_step = per_step * gap if per_step else None
         for name, c in self.components.items():
             if c.status == "alive" or c.points < self.min_points:
                 continue
@@ -390,8 +403,12 @@ class RewardFunctionBug(Detector):
                 continue
             if kind == "per_batch" and 3 * c.changes < c.points:
                 continue  # a broadcast score changes with nearly every batch
+            scored = c.points * per_step if per_step else None
+            if scored is not None and scored < self.min_completions:
+                continue
             lvl = 1
-            if kind != "dead" and covered >= self.critical_factor * self.min_steps and c.points >= self.min_points + 1:
+            if (kind != "dead" and covered >= self.critical_factor * self.min_steps and c.points >= self.min_points + 1
+                    and (scored is None or scored >= 2 * self.min_completions)):
                 lvl = 2
             found.append({"component": name, "kind": kind, "value": finite(c.first) if not c.moved else None,
                           "std": 0.0, "points": c.points, "since_step": c.first_step, "steps": covered,

@@ -406,7 +406,7 @@ class MemoryEstimate:
                       "generation_phase": self.generation_phase,
                       "ladder": [{"remedy": r["remedy"], "overrides": dict(r["overrides"]), "peak_bytes": r["peak_bytes"]}
                                  for r in self.ladder],
-                      **({"remedy": "config_memory"} if self._overrides else {})},
+                      **({"remedy": "config_memory"} if overrides else {})},
             message=msg,
         )
 
