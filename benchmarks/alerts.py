@@ -96,7 +96,7 @@ def one_run(url: str | None, steps: int, seed: int, root: Path) -> dict:
     timer, tb_timer = Timer(), Timer()
     timer.wrap_callback(monitor_cb)
     # The callback's own per-step TensorBoard scalars (not the alerts): shown beside them.
-    monitor_cb._to_tensorboard = tb_timer.wrap(monitor_cb._to_tensorboard)
+    monitor_cb.tensorboard.write = tb_timer.wrap(monitor_cb.tensorboard.write)
     clock = step_clock()
     trainer.add_callback(clock)
     alerts_timer, sink_timer = Timer(), Timer()

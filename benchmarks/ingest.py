@@ -367,8 +367,8 @@ def render(steps: int, load: dict, peers: dict, e2e: dict, sizes: dict, have_ana
         f"One run of {steps:,} logged steps × {len(METRICS)} metrics in each format; `load_source` best of 2, "
         f"end to end best of {max((len(v) for v in e2e_all.values()), default=1)} (every run listed: the machine's "
         f"other work moves single runs by up to half), peers timed once. TensorBoard file: `train/<key>` tags, one "
-        f"event per scalar, as transformers writes it; written by {tb_how}. `analyze` replays the detectors in "
-        f"{os.cpu_count()} processes here (`Engine.replay`, forked, costliest detector first).",
+        f"event per scalar, as transformers writes it; written by {tb_how}. `analyze` replays every detector over every "
+        f"step in one process (`Engine.replay`, the loop the live monitor runs).",
         "",
         "| format | size | `load_source` | end to end" + (" (`monitor.analyze`)" if have_analyze else " (read + `Engine` replay)")
         + " | every end-to-end run | of which after reading | `grpo-monitor analyze PATH` (a fresh process, best of 2) |",

@@ -343,7 +343,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--ranks", default="1,2", help="process counts to run, e.g. 1,2")
     ap.add_argument("--sample-text", default="default", help="retention policy: default, all, none")
-    ap.add_argument("--keep-run", default=None, help="write the (last) 1-process run here and keep it")
+    ap.add_argument("--keep-run", default=None, help="write the last shape's 1-process run here and keep it")
     ap.add_argument("--no-results", action="store_true", help="print, do not update RESULTS.md")
     ap.add_argument("--model-step", type=float, default=None,
                     help="seconds of simulated model work per step (default per shape: S 0.1, M 0.3, L 1.0)")
@@ -359,10 +359,11 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     if a.rows and Path(a.rows).exists():
         rows = json.loads(Path(a.rows).read_text())
-    for shape in [s.strip().upper() for s in a.shapes.split(",") if s.strip()]:
+    shapes = [s.strip().upper() for s in a.shapes.split(",") if s.strip()]
+    for shape in shapes:
         for world in [int(x) for x in a.ranks.split(",")]:
             with tempfile.TemporaryDirectory() as tmp:
-                keep = a.keep_run and world == 1
+                keep = a.keep_run and world == 1 and shape == shapes[-1]
                 run_dir = Path(a.keep_run) if keep else Path(tmp) / "run"
                 if keep and run_dir.exists():
                     raise SystemExit(f"scale.py: {run_dir} exists; choose a new --keep-run directory")
