@@ -46,16 +46,23 @@ def config_diff(overrides: Mapping[str, Any], config: Mapping[str, Any]) -> dict
 
 def cli_flags(overrides: Mapping[str, Any]) -> str:
     """The same change as TRL command-line flags (``trl grpo``, ``HfArgumentParser`` scripts)."""
-    return " ".join(f"--{k} {_flag_value(v)}" for k, v in overrides.items())
+    return " ".join(" ".join([f"--{k}", *flag_values(v)]) for k, v in overrides.items())
 
 
-def _flag_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "True" if v else "False"
+def flag_values(v: Any) -> list[str]:
+    """One setting's value as the command-line words after its flag.
+
+    A list field (``reward_weights``) is one flag with one word per element, as ``HfArgumentParser`` reads
+    ``nargs="+"``.
+
+    >>> flag_values(True), flag_values([1.0, 0.0]), flag_values(0.28)
+    (['True'], ['1.0', '0.0'], ['0.28'])
+    """
     if isinstance(v, (list, tuple)):
-        # HfArgumentParser reads list fields as ``nargs="+"``: space-separated values.
-        return " ".join(_flag_value(x) for x in v)
-    return str(v)
+        return [w for x in v for w in flag_values(x)]
+    if isinstance(v, bool):
+        return ["True" if v else "False"]
+    return [str(v)]
 
 
 def python_kwargs(overrides: Mapping[str, Any]) -> str:

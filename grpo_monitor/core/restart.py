@@ -232,15 +232,14 @@ def child_flags(plan: RestartPlan | None) -> list[str]:
     """The same overrides as TRL-style flags appended to the command (parsed last, so they win)."""
     if plan is None:
         return []
-    from grpo_monitor.core.recommend import _flag_value
+    from grpo_monitor.core.recommend import flag_values
 
     flags: list[str] = []
     items = dict(plan.cumulative_overrides)
     if plan.next_output_dir:
         items["output_dir"] = plan.next_output_dir
     for k, v in items.items():
-        # A list field (reward_weights) is one flag with one value per element, as HfArgumentParser reads it.
-        flags += [f"--{k}", *([_flag_value(x) for x in v] if isinstance(v, (list, tuple)) else [_flag_value(v)])]
+        flags += [f"--{k}", *flag_values(v)]
     if plan.resume_from:
         flags += ["--resume_from_checkpoint", plan.resume_from]
     return flags
