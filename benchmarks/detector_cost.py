@@ -6,14 +6,11 @@ history and at ``--history`` steps, with metrics only and with a 32-completion s
 each measured stretch a seeded coin sends each step either through ``Engine.update`` (timed whole) or
 through each detector in turn (each timed alone), so every detector still sees every step (a coin, not
 odd and even steps: detectors that do extra work every 4th or 64th point would land on one side). A
-detector timed alone goes through its own ``update``, which converts the step, ticks the step clock,
-counts the step and hands it to ``_step``: what it costs driven on its own. ``Engine.update`` does the
-converting, ticking and counting once for all of them and calls ``_step`` directly, and it does not
-call the detectors a step leaves inert. The engine's own share (its loop, fault isolation, findings
-bookkeeping, less what it saves that way) is the whole update's mean less the detectors' means (means
-add up, medians do not: a detector that does extra work every few steps moves the whole update's
-median more than its own): it comes out negative when the savings outweigh the loop. Means drop the
-slowest 1% of steps (the machine's other work). The cost of reading the clock is measured and taken
+detector timed alone goes through its own ``update``, exactly what ``Engine.update`` calls for it. The
+engine's own share (its loop, fault isolation, the annotators, findings bookkeeping) is the whole update's
+mean less the detectors' means (means add up, medians do not: a detector that does extra work every few
+steps moves the whole update's median more than its own). Means drop the slowest 1% of steps (the
+machine's other work). The cost of reading the clock is measured and taken
 off every figure.
 
     python benchmarks/detector_cost.py [--history 100000] [--only id,id] [--window 1000]

@@ -5,12 +5,19 @@ both sides alike; each run trains ``--steps`` steps and its mean step time exclu
 steps (warm-up). The median of the per-pair ratios, the ratio of the medians and the monitor's own
 time per step (timed inside its callbacks and reward tap) go into benchmarks/RESULTS.md. Target: ≤ 1.02.
 
-    python benchmarks/overhead.py [--steps 40] [--pairs 8]
+torch computes on one thread here (``--threads``): on a GPU the step's arithmetic runs on the device and the
+host's other cores sit idle, which is where the monitor's background work (the reward tap's text signals) goes;
+letting torch spread a CPU step over every core of a small machine makes any other thread of the process
+steal from the step itself, and the runs' times scatter by a third (``--threads 0`` keeps torch's default
+to see it).
+
+    python benchmarks/overhead.py [--steps 40] [--pairs 8] [--threads 1] [--no-results]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -61,8 +68,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--pairs", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    p.add_argument("--no-results", action="store_true", help="print only; leave RESULTS.md alone")
     opts = p.parse_args()
     warnings.filterwarnings("ignore")
+    import torch
+
+    if opts.threads > 0:
+        torch.set_num_threads(opts.threads)
     one_run(False, 8, 0)  # import and cache warm-up, not measured
     base, mon, cb_cost, tap_base, tap_mon = [], [], [], [], []
     for i in range(opts.pairs):
@@ -91,7 +104,8 @@ def main() -> None:
         f"{stamp()}\n\n"
         f"Tiny dense Qwen3 GRPO run (random init, 16 completions of ≤ 24 tokens per step), "
         f"{opts.pairs} interleaved pairs of {opts.steps}-step runs "
-        f"(first {WARMUP} steps of each excluded), logging every step, reward tap and all detectors on.\n\n"
+        f"(first {WARMUP} steps of each excluded), logging every step, reward tap and all detectors on; "
+        f"torch on {torch.get_num_threads()} of the machine's {os.cpu_count()} cores (the docstring says why).\n\n"
         "| | median step time |\n|---|---|\n"
         f"| without monitor | {b * 1e3:.2f} ms |\n| with monitor | {m * 1e3:.2f} ms |\n"
         f"| ratio of the medians | {ratio:.3f} |\n"
@@ -106,7 +120,8 @@ def main() -> None:
         f"Per-run figures — without: {', '.join(f'{x * 1e3:.1f}' for x in base)} ms; "
         f"with: {', '.join(f'{x * 1e3:.1f}' for x in mon)} ms.\n"
     )
-    update_section("overhead", body)
+    if not opts.no_results:
+        update_section("overhead", body)
     print(f"ratio with/without = {ratio:.3f}, paired {paired:.3f}; monitor's own time {own * 1e3:.2f} ms/step, 1 + own/step = {direct:.4f}")
 
 

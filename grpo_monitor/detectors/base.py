@@ -158,7 +158,7 @@ def unmet(requires: Sequence[Sequence[str]] | None, names: Collection[str], has_
 
 # -- assessments and parameters ----------------------------------------------------------------------
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)  # one per detector per step: slots make it cheaper to build
 class Assessment:
     """What a detector concluded at one step: ``level`` 0 (healthy), 1 (first evidence) or 2 (corroborated
     and persistent), the numbers behind it, the estimated onset of the change, or that it is warming up.
@@ -277,7 +277,7 @@ class Detector:
     def update(self, step: int, metrics: Metrics, samples: Sequence[Sample] | None = None) -> list[Finding]:
         """Assess one logged step and return the findings it raises (empty when none)."""
         step = int(step)
-        if not isinstance(metrics, Mapping):
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):  # a dict skips the ABC check
             metrics = {}
         self.n_updates += 1
         self.clock.tick(step)

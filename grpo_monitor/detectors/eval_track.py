@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from grpo_monitor.detectors.signals import get
+from grpo_monitor.detectors.signals import get, names_like, reward_roles
 from grpo_monitor.detectors.stats import MAD_SCALE, median
 
 EVAL_KEYS = ("eval_reward", "eval_accuracy")
@@ -50,19 +50,18 @@ class EvalTrack:
         for k in EVAL_KEYS:
             if get(metrics, k) is not None:
                 return k
-        comps = [k for k in metrics if k.startswith("eval_rewards/") and k.endswith("/mean") and get(metrics, k) is not None]
+        comps = [k for k in names_like(metrics, "eval_rewards/", "/mean") if get(metrics, k) is not None]
         if not comps:
             return None
-        right = [k for k in comps if any(w in k for w in ("correct", "accura", "acc_", "exact", "match", "answer"))]
-        return (right or sorted(comps))[0]
+        right, _ = reward_roles(k[len("eval_rewards/"):-len("/mean")] for k in comps)
+        return f"eval_rewards/{right}/mean" if right is not None else sorted(comps)[0]
 
     def _train_value(self, metrics: Mapping[str, Any]) -> float | None:
         if self.train_key is None:
             if get(metrics, "reward") is not None:
                 self.train_key = "reward"
             else:
-                comps = sorted(k for k in metrics if k.startswith("rewards/") and k.endswith("/mean")
-                               and get(metrics, k) is not None)
+                comps = sorted(k for k in names_like(metrics, "rewards/", "/mean") if get(metrics, k) is not None)
                 if not comps:
                     return None
                 self.train_key = comps[0]

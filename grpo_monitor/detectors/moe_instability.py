@@ -24,6 +24,7 @@ from grpo_monitor.detectors.base import (  # noqa: F401  (RunContext: doctest)
     finite,
 )
 from grpo_monitor.detectors.stats import Window, mad_sigma, median, quantile
+from grpo_monitor.detectors.signals import names_like
 
 
 class _Baselined:
@@ -82,7 +83,7 @@ def is_moe_run(context_is_moe: bool, metrics: Mapping[str, Any]) -> bool:
     """An MoE run: the model facts say so, or the step logs ``aux_loss`` or ``moe/*`` metrics."""
     if context_is_moe or "aux_loss" in metrics:
         return True
-    return any(isinstance(k, str) and k.startswith("moe/") for k in metrics)
+    return bool(names_like(metrics, "moe/"))
 
 
 class MoeSighting:

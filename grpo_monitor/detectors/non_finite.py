@@ -12,19 +12,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_int, to_number
+from grpo_monitor.detectors.signals import names_like
 
 WATCHED = ("loss", "grad_norm", "entropy", "reward", "reward_std", "kl", "policy_loss", "aux_loss")
 
 
-def non_finite_keys(metrics: Mapping[str, Any], max_keys: int = 512) -> tuple[list[str], bool]:
-    """The watched keys holding NaN/inf (among the first ``max_keys``), and whether any watched key held
-    a number at all."""
-    def watched(k: Any) -> bool:
-        return isinstance(k, str) and (k in WATCHED or k.startswith("rewards/"))
-
-    items = list(metrics.items())
-    bad = sorted(k for k, v in items[:max_keys] if watched(k) and isinstance(v, float) and not math.isfinite(v))
-    return bad, bool(bad) or any(watched(k) and to_number(v) is not None for k, v in items)
+def non_finite_keys(metrics: Mapping[str, Any]) -> tuple[list[str], bool]:
+    """The watched keys holding NaN/inf, and whether any watched key held a number at all."""
+    bad, seen = [], False
+    for k in (*(k for k in WATCHED if k in metrics), *names_like(metrics, "rewards/")):
+        v = metrics[k]
+        if isinstance(v, float) and not math.isfinite(v):
+            bad.append(k)
+        seen = seen or to_number(v) is not None
+    return sorted(bad), seen
 
 
 class NonFinite(Detector):

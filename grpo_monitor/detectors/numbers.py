@@ -39,5 +39,7 @@ def finite(value: Any) -> float | None:
     >>> finite(3), finite("2.5"), finite(float("inf")), finite(False)
     (3.0, 2.5, None, None)
     """
+    if type(value) is float:  # nearly every logged value, and every detector reads every step through here
+        return value if math.isfinite(value) else None
     x = to_number(value)
     return x if x is not None and math.isfinite(x) else None

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
@@ -29,7 +30,28 @@ _LENGTH_HINT = re.compile(r"len|overlong|long|short|token", re.IGNORECASE)
 
 def get(metrics: Mapping[str, Any], key: str) -> float | None:
     """A finite value of one metric, or None (missing key, gap, NaN or inf)."""
-    return finite(metrics.get(key))
+    v = metrics.get(key)
+    if type(v) is float:  # as in ``finite``, here too: detectors read some ninety values a step through this
+        return v if math.isfinite(v) else None
+    return finite(v)
+
+
+def names_like(metrics: Mapping[str, Any], prefix: str, suffix: str = "") -> tuple[str, ...]:
+    """The names logged in ``metrics`` that start with ``prefix`` and end with ``suffix``, in logged order.
+
+    A run logs the same names step after step while several detectors look for a family of them
+    (``rewards/*/mean``, ``moe/*``, ``eval_rewards/*/mean``) at every step, so the answer is kept per
+    set of names rather than found again by a scan of every name.
+
+    >>> names_like({"reward": 0.5, "rewards/acc/mean": 0.5, "rewards/acc/std": 0.1}, "rewards/", "/mean")
+    ('rewards/acc/mean',)
+    """
+    return _names_like(tuple(metrics), prefix, suffix)
+
+
+@functools.lru_cache(maxsize=512)
+def _names_like(names: tuple[Any, ...], prefix: str, suffix: str) -> tuple[str, ...]:
+    return tuple(k for k in names if isinstance(k, str) and k.startswith(prefix) and k.endswith(suffix))
 
 
 def batch_size_hint(shares: Iterable[float], most: int = 16) -> int | None:
@@ -79,13 +101,14 @@ def component_key(name: str) -> str:
 
 
 def reward_names_in(keys: Iterable[str]) -> list[str]:
-    out = []
-    for k in keys:
-        if isinstance(k, str) and k.startswith("rewards/") and k.endswith("/mean"):
-            name = k[len("rewards/"):-len("/mean")]
-            if name and "/" not in name:
-                out.append(name)
-    return out
+    """The reward functions whose mean is logged among ``keys`` (``rewards/<name>/mean``), in logged order."""
+    return list(_reward_names(tuple(keys)))
+
+
+@functools.lru_cache(maxsize=256)
+def _reward_names(keys: tuple[Any, ...]) -> tuple[str, ...]:
+    names = (k[len("rewards/"):-len("/mean")] for k in _names_like(keys, "rewards/", "/mean"))
+    return tuple(n for n in names if n and "/" not in n)
 
 
 def reward_roles(names: Iterable[str]) -> tuple[str | None, str | None]:

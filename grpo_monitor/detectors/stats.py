@@ -355,17 +355,17 @@ class StepClock:
 
     def __init__(self) -> None:
         self.steps: deque[int] = deque(maxlen=9)
+        # Mean steps per logged point over the last few points (a mean, not a median: logs that come in
+        # bursts with long holes cover training sparsely even if most gaps are 1). Kept up to date by
+        # ``tick``: detectors ask for it several times a step.
+        self.gap = 1
 
     def tick(self, step: int) -> None:
-        if not self.steps or step > self.steps[-1]:
-            self.steps.append(step)
-
-    @property
-    def gap(self) -> int:
-        """Mean steps per logged point over the last few points (a mean, not a median: logs that come in
-        bursts with long holes cover training sparsely even if most gaps are 1)."""
         s = self.steps
-        return 1 if len(s) < 2 else max(1, round((s[-1] - s[0]) / (len(s) - 1)))
+        if not s or step > s[-1]:
+            s.append(step)
+            if len(s) >= 2:
+                self.gap = max(1, round((s[-1] - s[0]) / (len(s) - 1)))
 
     def points_for(self, steps: int, minimum: int = 1) -> int:
         """Logged points covering about ``steps`` training steps, at least ``minimum``."""
