@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import field_coverage as fc  # noqa: E402
+from tests.conftest import SHARED  # noqa: E402
 
-CATALOGUE = ROOT.parent / "shared" / "FIELD-FAILURES.md"
+CATALOGUE = SHARED / "FIELD-FAILURES.md"
 
 
 def catalogue() -> dict[int, str]:

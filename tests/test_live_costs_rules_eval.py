@@ -84,6 +84,19 @@ def test_evaluations_are_logged_under_their_canonical_name(trained):
     assert [r["step"] for r in evals] == [10, 20, 30, 40, STEPS]
 
 
+def test_evaluation_completions_are_not_taken_for_training_samples(trained):
+    """TRL scores an evaluation's 16 completions with the same reward functions: the samples of a step are
+    the training batch's alone, evaluation or not (the held-out prompts would pass for the step's batch)."""
+    from collections import Counter
+
+    run_dir, _, _ = trained
+    rows = [json.loads(line) for f in sorted(run_dir.glob("samples.rank*.jsonl")) for line in f.read_text().splitlines()]
+    per_step = Counter(r["step"] for r in rows if r["type"] == "sample")
+    batch = Counter(per_step.values()).most_common(1)[0][0]
+    assert set(per_step) == set(range(1, STEPS + 1)), sorted(set(range(1, STEPS + 1)) - set(per_step))
+    assert all(n == batch for n in per_step.values()), {s: n for s, n in per_step.items() if n != batch}
+
+
 def test_the_replay_gives_the_same_findings_rule_included(trained):
     from grpo_monitor.analysis.report import analyze_one
 

@@ -180,6 +180,7 @@ class MonitorCallback(TrainerCallback):
             correct_threshold=self.samples.correct_threshold,
             max_text_chars=self.samples.max_text_chars,
             on_error=self.report_error,
+            training=lambda: bool(getattr(getattr(trainer, "model", None), "training", True)),
         )
         import torch.nn as nn
 

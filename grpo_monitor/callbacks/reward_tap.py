@@ -122,8 +122,12 @@ class RewardTap:
         max_text_chars: int = 2000,
         on_error: Callable[[str, BaseException], None] | None = None,
         background: bool = True,
+        training: Callable[[], bool] | None = None,
     ) -> None:
         self.names = list(names)
+        # Whether the trainer is training now: TRL scores an evaluation's completions with the same reward
+        # functions, and those are the held-out prompts' completions, not the next training step's samples.
+        self.training = training
         self.num_generations = max(1, int(num_generations))
         self.eos_and_pad = set(int(t) for t in eos_and_pad if t is not None)
         self.process_index = int(process_index)
@@ -167,7 +171,7 @@ class RewardTap:
     def _observe(self, name: str, kwargs: dict[str, Any], out: Any) -> None:
         try:
             ids = kwargs.get("completion_ids")
-            if ids is None:
+            if ids is None or (self.training is not None and not self.training()):
                 return
             if self._current is None or self._current.ids is not ids:
                 if self._current is not None:
