@@ -70,9 +70,9 @@ def median_interval(xs: list[float], level: float = 0.9) -> tuple[float, float]:
     from scipy.stats import binom
 
     s, n = sorted(xs), len(xs)
-    for k in range(n // 2, -1, -1):  # the narrowest interval s[k-1]..s[n-k] that still covers
-        if k == 0 or binom.cdf(n - k, n, 0.5) - binom.cdf(k - 1, n, 0.5) >= level:
-            return (s[k - 1], s[n - k]) if k else (s[0], s[-1])
+    for k in range(n // 2, 0, -1):  # the narrowest interval s[k-1]..s[n-k] that still covers
+        if binom.cdf(n - k, n, 0.5) - binom.cdf(k - 1, n, 0.5) >= level:
+            return s[k - 1], s[n - k]
     return s[0], s[-1]
 
 

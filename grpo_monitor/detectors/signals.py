@@ -30,10 +30,7 @@ _LENGTH_HINT = re.compile(r"len|overlong|long|short|token", re.IGNORECASE)
 
 def get(metrics: Mapping[str, Any], key: str) -> float | None:
     """A finite value of one metric, or None (missing key, gap, NaN or inf)."""
-    v = metrics.get(key)
-    if type(v) is float:  # as in ``finite``, here too: detectors read some ninety values a step through this
-        return v if math.isfinite(v) else None
-    return finite(v)
+    return finite(metrics.get(key))
 
 
 def names_like(metrics: Mapping[str, Any], prefix: str, suffix: str = "") -> tuple[str, ...]:
@@ -102,13 +99,8 @@ def component_key(name: str) -> str:
 
 def reward_names_in(keys: Iterable[str]) -> list[str]:
     """The reward functions whose mean is logged among ``keys`` (``rewards/<name>/mean``), in logged order."""
-    return list(_reward_names(tuple(keys)))
-
-
-@functools.lru_cache(maxsize=256)
-def _reward_names(keys: tuple[Any, ...]) -> tuple[str, ...]:
-    names = (k[len("rewards/"):-len("/mean")] for k in _names_like(keys, "rewards/", "/mean"))
-    return tuple(n for n in names if n and "/" not in n)
+    names = (k[len("rewards/"):-len("/mean")] for k in _names_like(tuple(keys), "rewards/", "/mean"))
+    return [n for n in names if n and "/" not in n]
 
 
 def reward_roles(names: Iterable[str]) -> tuple[str | None, str | None]:
