@@ -7,8 +7,8 @@ TensorBoard callback writes it, a W&B-style CSV, a verl-style JSONL, and the con
 each, times TensorBoard's own ``EventAccumulator`` and ``tbparse.SummaryReader`` on the same event
 file, and times the end-to-end offline analysis per format: ``monitor.analysis.analyze`` (read +
 replay of every detector + key curves) in this process, and ``grpo-monitor analyze PATH`` in a
-fresh one (interpreter start, imports and the printed report included). The target (≤ 5 s) is
-judged on the slower of the two. Results go to the ``ingest`` section of benchmarks/RESULTS.md.
+fresh one (interpreter start, imports and the printed report included). The target (≤ 10 s for a 100k-step
+run) is judged on the slower of the two. Results go to the ``ingest`` section of benchmarks/RESULTS.md.
 
     python benchmarks/ingest.py                 # the full run: ~10 minutes on 2 busy cores, most of it
                                                 # EventAccumulator, tbparse and the detectors' replay
@@ -261,6 +261,7 @@ def tbparse_scalars(path: Path) -> int:
 
 
 LOAD: list[str] = ["?"]
+TARGET_S = 10.0  # a 100k-step run analysed end to end
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -376,7 +377,7 @@ def render(steps: int, load: dict, peers: dict, e2e: dict, sizes: dict, have_ana
     ]
     for fmt in load:
         worst = max(e2e[fmt], cli.get(fmt, 0.0))
-        ok = " (target ≤ 5 s: met)" if worst <= 5 else " (target ≤ 5 s: NOT met)"
+        ok = f" (target ≤ {TARGET_S:g} s: met)" if worst <= TARGET_S else f" (target ≤ {TARGET_S:g} s: NOT met)"
         replay = max(e2e[fmt] - load[fmt], 0.0)
         runs = ", ".join(f"{x:.2f}" for x in e2e_all.get(fmt, [])) or "—"
         shown = f"{cli[fmt]:.2f} s{ok}" if fmt in cli else "—"

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.detectors.base import RunContext
+from grpo_monitor.detectors.numbers import finite, number_or_nan
 from grpo_monitor.detectors.signals import resolve_correctness, reward_names_in, reward_roles
 
 log = logging.getLogger(__name__)
@@ -110,10 +111,7 @@ class _Run:
         return col is not None and bool(np.isinf(np.asarray(col, dtype=np.float64)).any())
 
     def cfg_number(self, key: str) -> float | None:
-        v = self.config.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            return None
-        return float(v)
+        return finite(self.config.get(key))
 
 
 def _thirds(v: np.ndarray) -> tuple[float, float, float]:
@@ -307,8 +305,7 @@ def clipping_never_fired(steps: Iterable[tuple[int, Mapping[str, Any]]]) -> bool
     """
     n = 0
     for _, metrics in steps:
-        vals = [metrics.get(k) for k in CLIP_KEYS if metrics.get(k) is not None]
-        vals = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        vals = [v for v in (finite(metrics.get(k)) for k in CLIP_KEYS) if v is not None]
         if not vals:
             continue
         if any(v != 0 for v in vals):
@@ -736,7 +733,7 @@ class _LazyColumns(Mapping[str, np.ndarray]):
             try:
                 col = np.array(values, dtype=np.float64)  # floats and None (a gap, NaN here): the common case
             except (TypeError, ValueError):
-                col = np.array([_num(v) for v in values], dtype=np.float64)
+                col = np.array([number_or_nan(v) for v in values], dtype=np.float64)
             self._built[name] = col
         return col
 
@@ -762,21 +759,12 @@ def _read(name: str) -> bool:
 def _rows(steps: Iterable[Any]) -> Iterable[tuple[float, Mapping[str, Any]]]:
     for i, item in enumerate(steps, 1):
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
-            yield _num(item[0]), item[1]
+            yield number_or_nan(item[0]), item[1]
         elif isinstance(item, Mapping):
-            step = _num(item.get("step", i))
+            step = number_or_nan(item.get("step", i))
             metrics = item.get("metrics")
             yield (step if math.isfinite(step) else float(i)), (metrics if isinstance(metrics, Mapping) else
                                                                  {k: v for k, v in item.items() if k != "step"})
-
-
-def _num(v: Any) -> float:
-    if v is None or isinstance(v, bool):
-        return math.nan
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def render_lines(notes: Iterable[Mapping[str, Any]], indent: str = "  ") -> list[str]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import math
 import os
 import re
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.detectors.base import Finding
+from grpo_monitor.detectors.numbers import finite
 from grpo_monitor.core.engine import Engine
 from grpo_monitor.core.recommend import Recommender, lineage_options
 from grpo_monitor.core.recommend import title as rec_title
@@ -350,15 +350,11 @@ def names_with_values(steps: Sequence[tuple[int, Mapping[str, Any]]], names: Seq
     for _, metrics in steps:
         if not pending:
             break
-        done = [k for k in pending if _finite(metrics.get(k))]
+        done = [k for k in pending if finite(metrics.get(k)) is not None]
         for k in done:
             del pending[k]
             found.add(k)
     return [n for n in names if n in found]
-
-
-def _finite(v: Any) -> bool:
-    return v is not None and not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def _has_samples(src: Any) -> bool:

@@ -30,7 +30,7 @@ import numpy as np
 
 from grpo_monitor.detectors.language_mixing import dominant_script, other_script_share
 from grpo_monitor.detectors.signals import TOP_WORD_RECORDED, repeated_ngram_share, sample_reward, text_hash, top_word_share
-from grpo_monitor.core.metrics import to_value
+from grpo_monitor.detectors.numbers import to_number
 
 def _text(x: Any) -> str:
     """Prompts and completions are strings, or chat messages in conversational datasets."""
@@ -178,7 +178,7 @@ class RewardTap:
                     self._done.append(self._current)
                 self._current = _Batch(ids, kwargs.get("prompts"), kwargs.get("completions"))
                 self._start_signals(self._current)
-            self._current.rewards[name] = [to_value(v) for v in out]
+            self._current.rewards[name] = [to_number(v, bools=True) for v in out]
         except Exception as exc:
             if self._on_error is not None:
                 self._on_error("reward tap", exc)

@@ -24,12 +24,13 @@ readings with a thermal, a power or a hardware slowdown reason active), ``system
 from __future__ import annotations
 
 import importlib
-import math
 import re
 import statistics
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from grpo_monitor.detectors.numbers import finite
 
 GIB = 1024**3
 
@@ -179,11 +180,11 @@ class NvmlDevice:
             "mem_busy": float(util.memory) if util is not None else None,
             "used": float(mem.used) if mem is not None else None,
             "total": float(mem.total) if mem is not None else None,
-            "temp": _num(self._ask("temperature", lambda: n.nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU))),
-            "power_mw": _num(self._ask("power", lambda: n.nvmlDeviceGetPowerUsage(h))),
-            "limit_mw": _num(self._ask("power_limit", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))),
-            "sm_mhz": _num(self._ask("clock", lambda: n.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM))),
-            "reasons": _num(reasons),
+            "temp": finite(self._ask("temperature", lambda: n.nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU))),
+            "power_mw": finite(self._ask("power", lambda: n.nvmlDeviceGetPowerUsage(h))),
+            "limit_mw": finite(self._ask("power_limit", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))),
+            "sm_mhz": finite(self._ask("clock", lambda: n.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM))),
+            "reasons": finite(reasons),
         }
 
     def close(self) -> None:
@@ -191,16 +192,6 @@ class NvmlDevice:
             self.nvml.nvmlShutdown()
         except Exception:
             pass
-
-
-def _num(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 class Window:
@@ -404,13 +395,13 @@ def device_health(steps: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, A
     for _, m in steps:
         hit = False
         for name in DEVICE_METRICS:
-            v = _num(m.get(name))
+            v = finite(m.get(name))
             if v is not None:
                 cols.setdefault(name, []).append(v)
                 hit = True
         if hit:
             logged += 1
-        r = _num(m.get(PREFIX + "throttle_reasons"))
+        r = finite(m.get(PREFIX + "throttle_reasons"))
         if r is not None:
             mask |= int(r)
     if not logged:

@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from grpo_monitor.detectors.numbers import to_number
+
 # Exact aliases: foreign name -> TRL 1.16 name.
 ALIASES: dict[str, str] = {
     # older TRL
@@ -262,33 +264,13 @@ def normalize(name: str) -> str:
     return eval_name(name) or export_name(name) or name
 
 
-def to_value(value: Any) -> float | None:
-    """A logged value as a float; None for a gap. NaN and inf are kept: they are evidence."""
-    if value is None or isinstance(value, bool):
-        return None if value is None else float(value)
-    if isinstance(value, (int, float)):
-        return _float(value)
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("", "none", "null"):
-            return None
-        try:
-            return float(text)
-        except ValueError:
-            return None
-    try:  # numpy scalars, 0-d tensors
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def normalize_metrics(logs: Mapping[str, Any]) -> dict[str, float | None]:
     """Normalise every name of one logged step and coerce its values; non-numeric values are dropped."""
     out: dict[str, float | None] = {}
     for key, value in logs.items():
         if not isinstance(key, str):
             continue
-        if value is not None and not isinstance(value, (int, float)) and to_value(value) is None:
+        if value is not None and not isinstance(value, (int, float)) and to_number(value) is None:
             continue
         name = normalize(key)
         if name == "step":
@@ -296,7 +278,7 @@ def normalize_metrics(logs: Mapping[str, Any]) -> dict[str, float | None]:
         # When a run logs both an alias and the canonical name, the canonical one wins.
         if name in out and key != name:
             continue
-        out[name] = to_value(value)
+        out[name] = to_number(value, bools=True)  # a logged flag is kept as 1.0/0.0
     return out
 
 
@@ -320,14 +302,4 @@ def encode(value: float | None) -> float | str | None:
 def decode(value: Any) -> float | None:
     if isinstance(value, str):
         return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(value)
-    if value is None or isinstance(value, bool):
-        return None
-    return _float(value) if isinstance(value, (int, float)) else None
-
-
-def _float(value: int | float) -> float:
-    """``float(value)``, with an integer beyond the float range as the infinity it rounds to."""
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
+    return to_number(value) if isinstance(value, (int, float)) else None

@@ -24,7 +24,7 @@ from grpo_monitor.detectors.base import (  # noqa: F401  (RunContext: doctest)
     finite,
 )
 from grpo_monitor.detectors.stats import Window, mad_sigma, median, quantile
-from grpo_monitor.detectors.signals import names_like
+from grpo_monitor.detectors.signals import get, names_like
 
 
 class _Baselined:
@@ -161,34 +161,26 @@ class MoeInstability(Detector):
         self.sighting = MoeSighting(self.context.is_moe)
 
     def _clip_value(self, metrics: Metrics) -> float | None:
-        v = metrics.get("clip_ratio/region_mean")
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            return float(v)
-        lo, hi = metrics.get("clip_ratio/low_mean"), metrics.get("clip_ratio/high_mean")
-        vals = [float(x) for x in (lo, hi) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
+        v = get(metrics, "clip_ratio/region_mean")
+        if v is not None:
+            return v
+        vals = [x for x in (get(metrics, "clip_ratio/low_mean"), get(metrics, "clip_ratio/high_mean")) if x is not None]
         return sum(vals) if vals else None
 
     def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if not self.sighting.see(metrics):
             return Assessment(0, {"moe": False})
-
-        def val(key: str) -> float | None:
-            v = metrics.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                return float(v)
-            return None
-
         pushed = False
         for track, v in (
-            (self.flip, val("moe/flip_rate")),
+            (self.flip, get(metrics, "moe/flip_rate")),
             (self.clip, self._clip_value(metrics)),
-            (self.is_max, val("sampling/importance_sampling_ratio/max")),
-            (self.aux, val("aux_loss")),
+            (self.is_max, get(metrics, "sampling/importance_sampling_ratio/max")),
+            (self.aux, get(metrics, "aux_loss")),
         ):
             if v is not None and v >= 0:
                 track.push(step, v)
                 pushed = True
-        g = val("grad_norm")
+        g = get(metrics, "grad_norm")
         if g is not None and g > 0:
             self.grad.push(step, math.log(g))
             pushed = True

@@ -1,6 +1,6 @@
 """One answer everywhere to "is this value a number": a bool is not one, a numeric string is (transformers
-prints values as strings), a NaN or an infinity is a number that is not finite. Readers, detectors and
-reports all coerce through these two functions.
+prints values as strings), a NaN or an infinity is a number that is not finite. Readers, detectors, reports,
+the dashboard and the pre-flight all coerce through these functions.
 """
 
 from __future__ import annotations
@@ -10,17 +10,22 @@ from typing import Any
 
 
 
-def to_number(value: Any) -> float | None:
+def to_number(value: Any, bools: bool = False) -> float | None:
     """A logged value as a float, NaN and infinities kept (they are evidence); None for a gap, a bool or
-    anything that is not a number.
+    anything that is not a number. ``bools=True`` reads a bool as 1.0 or 0.0, as TRL's tensor conversion
+    reads a reward function's ``True``/``False`` (and as a run log keeps a logged flag).
 
     >>> to_number("0.55"), to_number(" NaN "), to_number(True), to_number(None), to_number("n/a")
     (0.55, nan, None, None, None)
+    >>> to_number(True, bools=True), to_number(10**400)
+    (1.0, inf)
     """
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, float):
+    if type(value) is float:  # nearly every value a reader or a detector meets
         return value
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return float(value) if bools else None
     if isinstance(value, str):
         text = value.strip()
         if not text or text.lower() in ("none", "null"):
@@ -31,6 +36,16 @@ def to_number(value: Any) -> float | None:
         return None
     except OverflowError:  # an integer beyond float range (JSON allows it)
         return math.inf if value > 0 else -math.inf
+
+
+def number_or_nan(value: Any) -> float:
+    """``to_number`` with a gap as NaN: a cell of a numeric column.
+
+    >>> number_or_nan(None), number_or_nan("3")
+    (nan, 3.0)
+    """
+    x = to_number(value)
+    return math.nan if x is None else x
 
 
 def finite(value: Any) -> float | None:

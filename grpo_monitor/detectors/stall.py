@@ -203,7 +203,7 @@ def _every(cfg: Mapping[str, Any], strategy: str, steps: str) -> int | None:
     s = cfg.get(strategy)
     if s is not None and str(s).lower().rsplit(".", 1)[-1] != "steps":
         return None
-    v = cfg.get(steps)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+    v = finite(cfg.get(steps))
+    if v is None or v <= 0:
         return None
     return max(1, int(v)) if v >= 1 else None

@@ -51,6 +51,7 @@ from typing import Any
 from grpo_monitor.core.exit_codes import ExitCode
 from grpo_monitor.core.model_config import config_from_model_id, moe_from_model_id
 from grpo_monitor.detectors.base import Finding
+from grpo_monitor.detectors.numbers import finite
 from grpo_monitor.preflight.memory import (
     DEFAULT_PROMPT_LENGTH,
     GRPO_DEFAULTS,
@@ -97,14 +98,6 @@ def _finding(rule: str, severity: str, message: str, evidence: dict[str, Any],
 def _ratio(value: float, target: float) -> float | None:
     """How many times ``value`` is away from ``target`` (None for 0 or below: no finite ratio)."""
     return round(max(value / target, target / value), 3) if value > 0 else None
-
-
-def _num(v: Any) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def _far(value: float, target: float) -> bool:
@@ -188,7 +181,7 @@ def recipe_device(config: Any, model: Any = None) -> tuple[str | None, list[str]
         reasons.append(f"device_map={init['device_map']!r}")
     ckpt = raw.get("gradient_checkpointing", raw.get("activation_checkpointing"))
     if ckpt is not None and _truthy(ckpt):
-        params = _num(_safe_shape(model).get("num_parameters")) if model is not None else None
+        params = finite(_safe_shape(model).get("num_parameters")) if model is not None else None
         if params is not None and params >= LARGE_MODEL_PARAMETERS:
             reasons.append(f"gradient_checkpointing=True on a {params / 1e9:.1f}B-parameter model")
     return ("cuda", reasons) if reasons else (None, [])
@@ -238,7 +231,7 @@ def lint(
     shape = _safe_shape(model)
 
     # the group baseline needs at least 8 samples
-    ng = int(_num(cfg["num_generations"]) or 0)
+    ng = int(finite(cfg["num_generations"]) or 0)
     if ng < MIN_GENERATIONS:
         # A noisier baseline, not a broken run: a deviation from the recipe, so a warning.
         out.append(_finding(
@@ -286,7 +279,7 @@ def lint(
 
     # learning rate and beta: start from the recipe on a first run
     if first_run:
-        lr = _num(cfg["learning_rate"])
+        lr = finite(cfg["learning_rate"])
         if lr is not None and _far(lr, RECIPE_LEARNING_RATE):
             out.append(_finding(
                 "learning_rate", "info",
@@ -295,7 +288,7 @@ def lint(
                 {"learning_rate": lr, "recipe": RECIPE_LEARNING_RATE, "ratio": _ratio(lr, RECIPE_LEARNING_RATE),
                  "far_factor": FAR_FACTOR},
                 {"learning_rate": RECIPE_LEARNING_RATE}))
-        beta = _num(cfg["beta"])
+        beta = finite(cfg["beta"])
         if beta is not None and _far(beta, RECIPE_BETA):
             why = "beta=0 drops the KL term (and the reference model)" if beta <= 0 else \
                 f"beta={beta:g} is more than {FAR_FACTOR:g}x away from the recipe's {RECIPE_BETA:g}"
@@ -358,10 +351,10 @@ def lint(
     # on-policy trap: clip-higher and GSPO's sequence ratio do nothing when the ratio is identically 1
     from grpo_monitor.core.recommend import is_on_policy
 
-    eps, eps_high = _num(cfg.get("epsilon")), _num(cfg.get("epsilon_high"))
+    eps, eps_high = finite(cfg.get("epsilon")), finite(cfg.get("epsilon_high"))
     clip_higher = eps_high is not None and (eps is None or not math.isclose(eps_high, eps))
     sequence = str(cfg.get("importance_sampling_level")) == "sequence"
-    ga = int(_num(cfg.get("gradient_accumulation_steps")) or 1)
+    ga = int(finite(cfg.get("gradient_accumulation_steps")) or 1)
     if (clip_higher or sequence) and is_on_policy({**cfg, "steps_per_generation": cfg.get("steps_per_generation") or ga}):
         what = " and ".join(x for x in (
             f"epsilon_high={eps_high:g}" if clip_higher else "",
@@ -409,7 +402,7 @@ def lint(
             {"model_type": shape.get("model_type")}))
 
     # detection granularity
-    ls = int(_num(cfg["logging_steps"]) or 1)
+    ls = int(finite(cfg["logging_steps"]) or 1)
     if ls > 1:
         out.append(_finding(
             "logging_steps", "info",
@@ -418,7 +411,7 @@ def lint(
             {"logging_steps": ls}, {"logging_steps": 1}))
 
     # truncation in the first steps
-    cap = int(_num(cfg.get("max_completion_length")) or 0)
+    cap = int(finite(cfg.get("max_completion_length")) or 0)
     frac = None
     if completion_lengths:
         lengths = [int(x) for x in completion_lengths]
@@ -465,10 +458,10 @@ def unified_memory_finding(cfg: Mapping[str, Any], shape: Mapping[str, Any], dev
     from grpo_monitor.core.device import decode_floor, unified_memory
 
     um = unified_memory(device_facts)
-    cap = int(_num(cfg.get("max_completion_length")) or 0)
+    cap = int(finite(cfg.get("max_completion_length")) or 0)
     if um is None or cap < DECODE_HEAVY_TOKENS:
         return None
-    params = _num(shape.get("num_parameters"))
+    params = finite(shape.get("num_parameters"))
     # The rollout engine's copy of the weights: vLLM serves 16-bit weights; transformers generate the trained ones.
     weights = (2.0 * params if cfg.get("use_vllm") else float(est.terms["weights"]) if est is not None
                else 2.0 * params) if params else None
@@ -561,15 +554,15 @@ def _vllm_memory(cfg: Mapping[str, Any], shape: Mapping[str, Any], mem_gib: floa
                  est: Any) -> Finding | None:
     """vLLM's colocated share against what it must hold, and against what training leaves it."""
     gib = 1024**3
-    util = _num(cfg.get("vllm_gpu_memory_utilization")) or 0.3
-    tp = max(1, int(_num(cfg.get("vllm_tensor_parallel_size")) or 1))
+    util = finite(cfg.get("vllm_gpu_memory_utilization")) or 0.3
+    tp = max(1, int(finite(cfg.get("vllm_tensor_parallel_size")) or 1))
     weights = 2.0 * float(shape["num_parameters"]) / tp  # the engine serves bf16/fp16 weights
-    layers, kv_heads, head_dim = (int(_num(shape.get(k)) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
-    seq = (int(prompt_length or _num(cfg.get("max_prompt_length")) or DEFAULT_PROMPT_LENGTH)
-           + int(_num(cfg.get("max_completion_length")) or 0))
+    layers, kv_heads, head_dim = (int(finite(shape.get(k)) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
+    seq = (int(prompt_length or finite(cfg.get("max_prompt_length")) or DEFAULT_PROMPT_LENGTH)
+           + int(finite(cfg.get("max_completion_length")) or 0))
     kv_token = 2 * layers * kv_heads * head_dim * 2 / tp
-    batch = int(_num(cfg.get("per_device_train_batch_size")) or 8) * int(
-        _num(cfg.get("steps_per_generation")) or _num(cfg.get("gradient_accumulation_steps")) or 1)
+    batch = int(finite(cfg.get("per_device_train_batch_size")) or 8) * int(
+        finite(cfg.get("steps_per_generation")) or finite(cfg.get("gradient_accumulation_steps")) or 1)
     need_min = weights + kv_token * seq + VLLM_WORKSPACE_GIB * gib
     need_batch = weights + kv_token * seq * batch + VLLM_WORKSPACE_GIB * gib
     share = util * mem_gib * gib

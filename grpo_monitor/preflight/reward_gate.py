@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.core.exit_codes import ExitCode
-from grpo_monitor.core.metrics import to_value
+from grpo_monitor.detectors.numbers import to_number
 from grpo_monitor.rewards.registry import RewardSpecError, load_reward_func
 
 GATE_FILE = "reward_gate.json"
@@ -313,7 +313,7 @@ def score_samples(samples: Sequence[Mapping[str, Any]], funcs: Sequence[Any]) ->
         try:
             out = func(prompts=prompts, completions=completions, completion_ids=None, trainer_state=None,
                        log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None, **columns)
-            vals = [to_value(v) for v in list(out)]
+            vals = [to_number(v, bools=True) for v in list(out)]
             if len(vals) != len(samples):
                 raise ValueError(f"returned {len(vals)} scores for {len(samples)} completions")
             scores[name] = vals

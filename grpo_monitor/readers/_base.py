@@ -3,7 +3,6 @@ record it returns, ``SourceError``, and step bookkeeping."""
 
 from __future__ import annotations
 
-import math
 import operator
 import re
 from collections.abc import Iterable, Mapping
@@ -13,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_monitor.detectors.base import RunContext
 from grpo_monitor.detectors.signals import reward_roles
-from grpo_monitor.core.metrics import normalize, normalize_metrics, reward_components, to_value
+from grpo_monitor.core.metrics import normalize, normalize_metrics, reward_components
+from grpo_monitor.detectors.numbers import to_number
 from grpo_monitor.core.runlog import plain_step
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -120,7 +120,7 @@ def as_step(value: Any) -> int | None:
         try:
             return as_step(int(text))
         except ValueError:
-            x = to_value(text)
+            x = to_number(text)
             return as_step(x) if x is not None else None
     return None
 
@@ -217,14 +217,14 @@ class Normalizer:
         kinds = set(map(type, values))
         if kinds <= _FLOATS:  # the common case, checked and copied at C speed
             return dict(zip(names, values))
-        if kinds == _STRINGS:  # numbers printed as text ('0.55'): where float() reads them all, it agrees with to_value
+        if kinds == _STRINGS:  # numbers printed as text ('0.55'): where float() reads them all, it agrees with to_number
             try:
                 return dict(zip(names, map(float, values)))
             except ValueError:
                 return self._reference(logs)
         if not kinds <= _NUMBERS:  # a string, a bool or something odd: the reference implementation decides
             return self._reference(logs)
-        return dict(zip(names, map(_as_float, values)))
+        return dict(zip(names, map(to_number, values)))
 
     def _reference(self, logs: Mapping[str, Any]) -> Metrics:
         out = normalize_metrics(logs)
@@ -256,15 +256,6 @@ def plan_names(keys: Iterable[str], drop: frozenset[str] = frozenset()) -> list[
             continue
         out[name] = key
     return [(key, name) for name, key in out.items() if name not in drop]
-
-
-def _as_float(v: Any) -> float | None:
-    if v is None or type(v) is float:
-        return v
-    try:
-        return float(v)
-    except OverflowError:  # an integer beyond float range (JSON allows it)
-        return math.inf if v > 0 else -math.inf
 
 
 _FLOATS = frozenset({float, type(None)})

@@ -30,6 +30,7 @@ from typing import Any
 
 from grpo_monitor.core.jsonparse import loads
 from grpo_monitor.core.metrics import SUMMARY_KEYS
+from grpo_monitor.detectors.numbers import to_number
 from grpo_monitor.readers._base import (
     STEP_FIELDS,
     Normalizer,
@@ -202,7 +203,7 @@ def _classify(d: dict[str, Any]) -> str | None:
         return None
     if set(map(type, d.values())) <= _NUMERIC_TYPES:
         return kind
-    numeric = sum(1 for v in d.values() if _number(v) is not None)
+    numeric = sum(1 for v in d.values() if to_number(v) is not None)
     return kind if numeric * 2 >= len(d) else None
 
 
@@ -216,19 +217,6 @@ def _kind_of_keys(keys: tuple[Any, ...]) -> str | None:
     if any(k.startswith("eval_") for k in keys) and all(k.startswith("eval_") or k in ("epoch", "step") for k in keys):
         return "eval"
     return "train"
-
-
-def _number(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return None
-    return None
 
 
 # -------------------------------------------------------------------------------- TRL console
@@ -304,7 +292,7 @@ def steps_from_dicts(path: Path, fmt: str, found: Found, text: str, logging_step
         if kind == "train":
             train.append((pos, d))
         elif kind == "summary":
-            src.meta.setdefault("summary", {k: _number(v) for k, v in d.items()})
+            src.meta.setdefault("summary", {k: to_number(v) for k, v in d.items()})
         else:
             evals.append((pos, len(train), d))
     if not train:
@@ -476,7 +464,7 @@ def _from_progress_positions(bars: list[tuple[int, int, int]], total: int | None
 
 def _from_epochs(text: str, total: int | None, dicts: list[dict[str, Any]], summary: dict[str, Any] | None) -> int | None:
     """``epoch`` of the k-th dict is k × L / steps_per_epoch: the L that fits every dict."""
-    epochs = [_number(d.get("epoch")) for d in dicts]
+    epochs = [to_number(d.get("epoch")) for d in dicts]
     if not total or len(dicts) < 1 or any(e is None for e in epochs):
         return None
     n_epochs = None

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize, to_value
+from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize
+from grpo_monitor.detectors.numbers import to_number
 from grpo_monitor.readers._base import (
     Normalizer,
     Probe,
@@ -67,7 +68,7 @@ class Table:
 
 
 def _number(cell: str) -> bool:
-    return to_value(cell) is not None
+    return to_number(cell) is not None
 
 
 def _cell(cell: str) -> float | None:
@@ -75,9 +76,9 @@ def _cell(cell: str) -> float | None:
     if text.lower() in _GAPS:
         return None
     if text.endswith("%"):
-        x = to_value(text[:-1])
+        x = to_number(text[:-1])
         return None if x is None else x / 100
-    return to_value(text)
+    return to_number(text)
 
 
 # -------------------------------------------------------------------------------- finding them
@@ -226,7 +227,7 @@ def _header_fields(line: str, width: int) -> list[str] | None:
 
 
 def _numeric_token(cell: str) -> bool:
-    return cell.lower() in _GAPS or to_value(cell.rstrip("%")) is not None
+    return cell.lower() in _GAPS or to_number(cell.rstrip("%")) is not None
 
 
 # ------------------------------------------------------------------------------ choosing one

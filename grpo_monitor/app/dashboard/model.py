@@ -15,28 +15,19 @@ to that step: the latest record of a step wins, as in ``monitor.runlog.read_run`
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from grpo_monitor.detectors.numbers import finite, number_or_nan
+
 _REWARD_MEAN = re.compile(r"^rewards/(.+)/mean$")
 MOE_CAP = 4096  # load records kept for the heatmap; beyond it older ones are thinned by half
 SAMPLES_CAP = 200_000  # sample records held in memory (replayed logs); run directories are indexed
 STEP_CACHE = 8  # steps of samples kept parsed, for moving back and forth between them
 WARNINGS_KEPT = 200  # the newest warnings kept for the screen; all are counted
-
-
-def to_float(v: Any) -> float:
-    """A metric value as a float; a gap (None) or anything unreadable is NaN."""
-    if v is None or isinstance(v, bool):
-        return math.nan
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 class SeriesStore:
@@ -105,7 +96,7 @@ class SeriesStore:
             col = self._cols.get(name)
             if col is None:
                 col = self._cols[name] = np.full(self._cap, np.nan)
-            col[lo:hi] = [to_float(m.get(name)) for m in metrics]
+            col[lo:hi] = [number_or_nan(m.get(name)) for m in metrics]
         self.n = hi
 
 
@@ -189,8 +180,7 @@ class RunModel:
 
     @property
     def length_cap(self) -> float | None:
-        v = self.config.get("max_completion_length")
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        return finite(self.config.get("max_completion_length"))
 
     def reward_components(self) -> list[str]:
         names: list[str] = []
