@@ -174,6 +174,15 @@ def test_entropy_collapse_sees_identical_completions_in_samples():
     assert any("identical_completions" in f.evidence["corroborated_by"] for f in found)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_one_collapse_is_one_episode_while_correctness_holds_at_its_floor(seed):
+    # Correctness rose before the entropy fell and then stood still at the collapsed floor: that earlier gain
+    # was weighed when the collapse was raised, so it must not end the episode and raise it a second time.
+    run = generate("entropy_collapse", seed=seed)
+    found = _feed(EntropyCollapse(), run.steps, run.context, run.samples)
+    assert [f.severity for f in found] == ["warning", "critical"], [(f.severity, f.step) for f in found]
+
+
 def test_degenerate_long_cot_advice_and_repetition_evidence():
     run = generate("degenerate_long_cot", seed=0)
     found = _feed(DegenerateLongCot(), run.steps, run.context, run.samples)

@@ -129,6 +129,8 @@ class EntropyCollapse(Detector):
         self.correct_first: list[float] = []
         self.correctness = CorrectnessSource(self.context)
         self.fall_from: tuple[int, float] | None = None
+        # Correctness (a 16-point median) when the collapse was first assessed: what a gain must then beat.
+        self.raised_from: tuple[int, float] | None = None
         # (entropy, correctness) pairs for the R = -a exp(H) + b fit; thinned by halving when full.
         self.pairs: list[tuple[float, float]] = []
         self._pair_stride = 1
@@ -243,6 +245,10 @@ class EntropyCollapse(Detector):
             level = 1
             if strong_drop and len(corroborators) >= 2 and diversity and self.episode_len >= 1:
                 level = 2
+        if level and self.raised_from is None and len(self.correct):
+            self.raised_from = (step, median(self.correct.last(16)))
+        elif not level and not self.in_episode:
+            self.raised_from = None
         ev["corroborated_by"] = corroborators
         ev["window_points"] = len(self.entropy.window)
         onset = None
@@ -293,14 +299,16 @@ class EntropyCollapse(Detector):
 
     def _gain_since_the_fall(self, ev: dict[str, Any]) -> bool:
         """Correctness now well above where it stood when the entropy began to fall: beyond three standard
-        errors of the difference of the two sixteen-point medians, and a twentieth of its level."""
+        errors of the difference of the two sixteen-point medians, and a twentieth of its level. Once the collapse
+        has been raised, the gain counts from where correctness stood then: one made before was already weighed."""
         if self.fall_from is None or len(self.correct) < 16 or self.correct_base is None:
             return False
+        since = self.raised_from if self.in_episode and self.raised_from is not None else self.fall_from
         recent = list(self.correct.values)[-16:]
         now = median(recent)
         se = 1.2533 * mad_sigma(recent) * math.sqrt(2.0 / 16.0)
-        gain = now - self.fall_from[1]
-        ev["correctness_since_the_fall"] = {"from_step": self.fall_from[0], "then": finite(self.fall_from[1]),
+        gain = now - since[1]
+        ev["correctness_since_the_fall"] = {"from_step": since[0], "then": finite(since[1]),
                                             "now": finite(now), "gain": finite(gain), "noise": finite(se)}
         return gain > max(3.0 * se, 0.05 * abs(self.correct_base), 0.02)
 
