@@ -220,6 +220,21 @@ def test_gradient_checkpointing_is_a_gpu_setting_on_a_multi_gb_model_only(tiny):
     assert recipe_device({"gradient_checkpointing": True}, tiny["dense"]) == (None, [])
     assert recipe_device({"gradient_checkpointing": False}, SHAPE_2B) == (None, [])
     assert recipe_device({}, SHAPE_2B) == (None, [])  # a default says nothing about the hardware
+    # transformers 5's new name wins over the deprecated alias, as TrainingArguments resolves them.
+    assert recipe_device({"activation_checkpointing": False, "gradient_checkpointing": True}, SHAPE_2B) == (None, [])
+    assert recipe_device({"activation_checkpointing": True}, SHAPE_2B)[0] == "cuda"
+
+
+def test_one_reading_of_the_checkpointing_setting_across_lint_memory_and_the_memory_ladder():
+    from grpo_monitor.detectors.memory_pressure import memory_ladder
+    from grpo_monitor.detectors.variants import checkpointing
+    from grpo_monitor.preflight.memory import _checkpointing
+
+    both = {"activation_checkpointing": False, "gradient_checkpointing": True}
+    assert checkpointing(both) == ("activation_checkpointing", False)
+    assert _checkpointing(both) is False and _checkpointing({}) is True
+    rungs = memory_ladder(both)
+    assert any(r.get("overrides") == {"activation_checkpointing": True} for r in rungs), rungs
 
 
 def test_lint_trainer_reads_a_real_grpo_trainer(tmp_path):

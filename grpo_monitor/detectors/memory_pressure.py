@@ -25,6 +25,7 @@ from typing import Any
 from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import get
 from grpo_monitor.detectors.stats import Window, median, theil_sen
+from grpo_monitor.detectors.variants import checkpointing
 
 # (peak, capacity) pairs, best first: the device's own allocator, the whole device, the host.
 SOURCES: tuple[tuple[str, str, str], ...] = (
@@ -82,10 +83,9 @@ def memory_ladder(config: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         # One decisive cut (TRL's default 0.3 goes to 0.18): a restart tries each rung once.
         rung("lower_vllm_gpu_memory_utilization", {"vllm_gpu_memory_utilization": round(max(0.15, util * 0.6), 2)},
              "vLLM reserves less for its KV cache, and batches fewer sequences at once")
-    # transformers 5 renamed it activation_checkpointing and keeps gradient_checkpointing as an alias that
-    # the new name overrides: the diff sets the name the config itself carries.
-    name = "activation_checkpointing" if cfg.get("activation_checkpointing") is not None else "gradient_checkpointing"
-    if cfg.get(name) is not True:
+    # The diff sets the name the config itself carries (transformers 5 renamed it).
+    name, on = checkpointing(cfg)
+    if on is not True:
         rung("gradient_checkpointing", {name: True},
              "activations are recomputed in the backward pass instead of kept, for about a third more compute")
     optim = str(getattr(cfg.get("optim"), "value", cfg.get("optim")) or "adamw_torch_fused").lower()

@@ -63,3 +63,19 @@ def preset(variant: str | None, config: Mapping[str, Any] | None = None) -> dict
             ga = 1
         out["steps_per_generation"] = 4 * ga
     return out
+
+
+def checkpointing(config: Mapping[str, Any]) -> tuple[str, Any]:
+    """The setting that decides activation checkpointing in a config, and its value: transformers 5 renamed
+    ``gradient_checkpointing`` to ``activation_checkpointing`` and reads the old name only while the new one is
+    unset. ``("gradient_checkpointing", None)`` when neither is set (GRPOConfig then turns it on).
+
+    >>> checkpointing({"activation_checkpointing": False, "gradient_checkpointing": True})
+    ('activation_checkpointing', False)
+    >>> checkpointing({"gradient_checkpointing": True}), checkpointing({})
+    (('gradient_checkpointing', True), ('gradient_checkpointing', None))
+    """
+    for name in ("activation_checkpointing", "gradient_checkpointing"):
+        if config.get(name) is not None:
+            return name, config[name]
+    return "gradient_checkpointing", None

@@ -52,6 +52,7 @@ from grpo_monitor.core.exit_codes import ExitCode
 from grpo_monitor.core.model_config import config_from_model_id, moe_from_model_id
 from grpo_monitor.detectors.base import Finding
 from grpo_monitor.detectors.numbers import finite
+from grpo_monitor.detectors.variants import checkpointing
 from grpo_monitor.preflight.memory import (
     DEFAULT_PROMPT_LENGTH,
     GRPO_DEFAULTS,
@@ -179,7 +180,7 @@ def recipe_device(config: Any, model: Any = None) -> tuple[str | None, list[str]
         reasons.append(f"attn_implementation={attn!r}")
     if str(init.get("device_map") or "").startswith("cuda"):
         reasons.append(f"device_map={init['device_map']!r}")
-    ckpt = raw.get("gradient_checkpointing", raw.get("activation_checkpointing"))
+    _, ckpt = checkpointing(raw)
     if ckpt is not None and _truthy(ckpt):
         params = finite(_safe_shape(model).get("num_parameters")) if model is not None else None
         if params is not None and params >= LARGE_MODEL_PARAMETERS:

@@ -32,6 +32,7 @@ from typing import Any
 
 from grpo_monitor.core.model_config import VLM_HINTS, moe_facts
 from grpo_monitor.detectors.memory_pressure import ladder_text, memory_ladder
+from grpo_monitor.detectors.variants import checkpointing
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
@@ -438,10 +439,8 @@ def _deepspeed_settings(ds: Any) -> dict[str, Any]:
 
 
 def _checkpointing(cfg: Mapping[str, Any]) -> bool:
-    for key in ("activation_checkpointing", "gradient_checkpointing"):
-        if key in cfg and cfg[key] is not None:
-            return bool(cfg[key])
-    return True  # GRPOConfig's default
+    _, on = checkpointing(cfg)
+    return True if on is None else bool(on)  # unset: GRPOConfig's default
 
 
 def _trl_fused_lm_head() -> bool:
