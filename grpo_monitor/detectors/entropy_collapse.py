@@ -129,7 +129,7 @@ class EntropyCollapse(Detector):
         self.correct_first: list[float] = []
         self.correctness = CorrectnessSource(self.context)
         self.fall_from: tuple[int, float] | None = None
-        # Correctness (a 16-point median) when the collapse was first assessed: what a gain must then beat.
+        # Correctness (a 16-point median) where the current episode opened: what a gain must then beat.
         self.raised_from: tuple[int, float] | None = None
         # (entropy, correctness) pairs for the R = -a exp(H) + b fit; thinned by halving when full.
         self.pairs: list[tuple[float, float]] = []
@@ -245,10 +245,8 @@ class EntropyCollapse(Detector):
             level = 1
             if strong_drop and len(corroborators) >= 2 and diversity and self.episode_len >= 1:
                 level = 2
-        if level and self.raised_from is None and len(self.correct):
-            self.raised_from = (step, median(self.correct.last(16)))
-        elif not level and not self.in_episode:
-            self.raised_from = None
+        if level and not self.in_episode and len(self.correct):
+            self.raised_from = (step, median(self.correct.last(16)))  # this assessment opens the episode
         ev["corroborated_by"] = corroborators
         ev["window_points"] = len(self.entropy.window)
         onset = None
