@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +132,32 @@ def test_router_tap_can_be_left_off(tmp_path):
     frame = load_run(tmp_path)
     assert len(frame) == 2 and "entropy" in frame.columns
     assert not [c for c in frame.columns if c.startswith("moe/") and c != "moe/aux_loss"]
+
+
+def test_the_fits_imports_are_paid_at_train_begin_not_at_the_first_finding(tmp_path):
+    # scipy's fits (the forecast on a finding, the entropy-performance fit) cost ~1-2 s to import: paid inside
+    # the step that raises the first finding, they would stall that training step. A fresh interpreter, so
+    # only what the training stack itself imports is there before (scipy.optimize, not scipy.stats).
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, warnings
+import transformers
+transformers.logging.set_verbosity_error()
+warnings.filterwarnings("ignore")
+from grpo_monitor.app.demo import build_trainer, demo_config
+from grpo_monitor.callbacks import attach
+from pathlib import Path
+run = Path({str(tmp_path)!r})
+trainer = build_trainer(demo_config(run / "trainer", 1, disable_tqdm=True))
+attach(trainer, run / "run")
+before = [m for m in ("scipy.stats", "scipy.optimize") if m in sys.modules]
+trainer.callback_handler.on_train_begin(trainer.args, trainer.state, trainer.control)
+after = [m for m in ("scipy.stats", "scipy.optimize") if m in sys.modules]
+print(before, after)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[1])).stdout.strip().splitlines()[-1]
+    before, after = out.split("] [")
+    assert "scipy.stats" not in before and after == "'scipy.stats', 'scipy.optimize']", out

@@ -212,6 +212,7 @@ class MonitorCallback(TrainerCallback):
         self.context.model = facts
         self.engine = Engine(self.context, self.costs.detectors(self._detectors), on_error=self.report_error,
                              annotators=self.costs.annotators(args))
+        self._guard("imports", self.engine.warm_up)
         self.recommender = Recommender(config, is_moe=self.context.is_moe, tried=list(self.place.tried),
                                        segment=self.place.segment)
         # A write that fails (the disk full) is reported once; the writer counts what it lost and says so in the log.

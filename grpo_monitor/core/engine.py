@@ -7,6 +7,7 @@ switched off; the others keep running.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -81,6 +82,13 @@ class Engine:
                 self._annotator(a, "annotate", f)
         self.findings.extend(raised)
         return raised
+
+    def warm_up(self) -> None:
+        """Import now the modules a detector or annotator imports only when it has something to fit (scipy's,
+        ~1-2 s): live, they are paid before the first step rather than inside the step that raises the first
+        finding. Offline, nothing needs it."""
+        for name in sorted({m for part in (*self.detectors, *self.annotators) for m in getattr(part, "fit_imports", ())}):
+            importlib.import_module(name)
 
     def annotator(self, kind: type) -> Any:
         """The running annotator of a kind (``CostMeter``, ``Forecaster``), or None."""

@@ -95,6 +95,8 @@ class Forecaster:
     ('completions/clipped_ratio', 63, 143)
     """
 
+    fit_imports = ("scipy.stats",)  # the forecast's fit (``Engine.warm_up``)
+
     def __init__(self, window: int = 24, min_points: int = 6, early_points: int = 32, confidence: float = 0.9,
                  horizon: int = 2000, max_spread: float = 4.0) -> None:
         self.window = window
