@@ -12,6 +12,7 @@ from grpo_monitor.detectors import (
     ALL_DETECTORS,
     DegenerateLongCot,
     EntropyCollapse,
+    LengthRewardCoupling,
     MoeInstability,
     NoLearningSignal,
     NonFinite,
@@ -181,6 +182,46 @@ def test_one_collapse_is_one_episode_while_correctness_holds_at_its_floor(seed):
     run = generate("entropy_collapse", seed=seed)
     found = _feed(EntropyCollapse(), run.steps, run.context, run.samples)
     assert [f.severity for f in found] == ["warning", "critical"], [(f.severity, f.step) for f in found]
+
+
+def _coarse_collapse(recover_at=None):
+    """Logged every 10 steps: entropy settles near 0.9, falls to 0.05 from step 150 (back at ``recover_at``),
+    correctness flat, and after the fall the groups' spread flickers: five points where a few groups regain
+    it, five where none do."""
+    out = []
+    for i, s in enumerate(range(10, 601, 10)):
+        if s <= 150 or (recover_at is not None and s >= recover_at):
+            h, fz, rs = 0.9 + 0.03 * (i % 3), 0.3 + 0.05 * (i % 2), 0.8
+        else:
+            h = max(0.05, 0.9 * math.exp(-(s - 150) / 30)) * (1 + 0.1 * (i % 2))
+            fz, rs = (0.5, 0.8) if (i // 5) % 2 == 0 else (1.0, 0.0)
+        out.append((s, {"entropy": h, "frac_reward_zero_std": fz, "reward_std": rs,
+                        "rewards/accuracy/mean": 0.5 + 0.01 * (i % 4), "reward": 0.5 + 0.01 * (i % 4)}))
+    return out
+
+
+def test_a_raised_collapse_lasts_while_entropy_stays_down_though_the_spread_flickers():
+    # The corroborating loss of spread opens the episode; its flicker on a coarse log must not end it and
+    # raise the same collapse again every fifty steps.
+    found = _feed(EntropyCollapse(), _coarse_collapse())
+    assert [f.severity for f in found] == ["warning", "critical"], [(f.severity, f.step) for f in found]
+
+
+def test_a_raised_collapse_ends_when_entropy_comes_back():
+    det = EntropyCollapse()
+    found = _feed(det, _coarse_collapse(recover_at=400))
+    assert [f.severity for f in found] == ["warning", "critical"] and det.state == "ok" and not det.in_episode
+
+
+@pytest.mark.parametrize("tokens, raised", [(3.0, False), (300.0, True)])
+def test_length_coupling_needs_a_rise_in_tokens_not_only_a_ratio(tokens, raised):
+    # The same doubling while correctness stalls: from 300 tokens it is the length bias Dr. GRPO cures; from
+    # 3 tokens (a choice letter, a label) it is a change of format.
+    series = [(s, {"completions/mean_length": tokens * (1.0 if s < 60 else 1.0 + (s - 60) / 60),
+                   "rewards/accuracy/mean": 0.4 + 0.002 * (s % 7), "reward": 0.4 + 0.002 * (s % 7)})
+              for s in range(1, 201)]
+    found = _feed(LengthRewardCoupling(), series)
+    assert bool(found) is raised, [(f.severity, f.step, f.evidence["mean_length"]) for f in found]
 
 
 def test_degenerate_long_cot_advice_and_repetition_evidence():

@@ -234,7 +234,11 @@ class EntropyCollapse(Detector):
         diversity = [c for c in corroborators if c != "correctness_stalled"]
         stalled = "correctness_stalled" in corroborators
         level = 0
-        excuse = self._learning(ev, base) if corroborators else None
+        # Once raised, a collapse lasts while the entropy stays down: the groups' spread flickers on a coarse
+        # log (a few groups regain it for a point or two), and ending the episode on each flicker would raise
+        # the same collapse again. Only correctness (solved, or rising since) or the entropy itself ends it.
+        holding = self.in_episode and strong_drop
+        excuse = self._learning(ev, base) if corroborators or holding else None
         if excuse:
             # Entropy spent on answers that are right: the groups lost their spread because they are solved.
             ev["excused_by"] = excuse
@@ -246,6 +250,8 @@ class EntropyCollapse(Detector):
             level = 1
             if strong_drop and len(corroborators) >= 2 and diversity and self.episode_len >= 1:
                 level = 2
+        elif holding and not excuse:
+            level = 1
         if level and not self.in_episode and len(self.correct):
             self.raised_from = (step, median(self.correct.last(16)))  # this assessment opens the episode
         ev["corroborated_by"] = corroborators

@@ -60,7 +60,10 @@ class LengthRewardCoupling(Detector):
     ``min_growth`` (relative length growth across the trend window), ``level_ratio`` (recent
     length over the settled baseline), ``span_steps`` (trend window in training steps, so coarse
     and fine logs agree), ``min_points``/``max_points`` (bounds of that window in logged points),
-    ``corr_threshold`` (within-group length-reward correlation that counts as length-driven reward).
+    ``corr_threshold`` (within-group length-reward correlation that counts as length-driven reward),
+    ``min_rise_tokens`` (the least rise over the baseline, in tokens, that counts: the length bias Dr. GRPO
+    corrects grows responses by hundreds of tokens, while a few tokens more on very short answers, a choice
+    letter or a label, is a change of format).
 
     >>> det = LengthRewardCoupling()
     >>> found = []
@@ -88,6 +91,7 @@ class LengthRewardCoupling(Detector):
         min_points: int = 6,
         max_points: int = 100,
         corr_threshold: float = 0.3,
+        min_rise_tokens: float = 32.0,
     ) -> None:
         self.alpha = check_float("alpha", alpha, 0.0, 0.5, low_open=True)
         self.stall_elasticity = check_float("stall_elasticity", stall_elasticity, 0.0, 10.0, low_open=True)
@@ -97,6 +101,7 @@ class LengthRewardCoupling(Detector):
         self.min_points = check_int("min_points", min_points, 4)
         self.max_points = check_int("max_points", max_points, min_points)
         self.corr_threshold = check_float("corr_threshold", corr_threshold, -1.0, 1.0)
+        self.min_rise_tokens = check_float("min_rise_tokens", min_rise_tokens, 0.0, 1e6)
         super().__init__()
 
     def _reset_state(self) -> None:
@@ -181,6 +186,9 @@ class LengthRewardCoupling(Detector):
         need = self.level_ratio * (0.9 if self.in_episode else 1.0)
         ev: dict[str, Any] = self._level_evidence(recent, base, ratio)
         if ratio < need:
+            return Assessment(0, ev)
+        if recent - base < self.min_rise_tokens:
+            ev["mean_length"]["min_rise_tokens"] = self.min_rise_tokens
             return Assessment(0, ev)
         # Trend window: the last span_steps steps, widened to min_points points.
         wsteps = list(self.length.window.steps)
