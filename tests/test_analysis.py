@@ -68,6 +68,9 @@ def test_csv_with_only_entropy_and_grad_norm_cannot_be_judged(tmp_path):
     assert run["verdict"] == "cannot_judge" and run["judged_by"] == []
     assert {"source", "steps", "findings", "recommendations"} <= set(run)
     assert "entropy_collapse" in run["not_judged"] and "needs" in run
+    # The sanity checks that had their inputs say so, though they never make a run count as judged.
+    assert "grad_norm_spike" in run["checked_by"] and "also checked: " in out.stdout
+    assert "grad_norm_spike" in out.stdout.split("also checked: ")[1].splitlines()[0]
 
 
 def test_unrecognised_csv_header_names_its_columns_and_map_makes_it_readable(tmp_path):

@@ -117,6 +117,12 @@ class RunReport:
         return [d for d, c in self.coverage.items() if c.get("role") == "failure" and c.get("status") == "judged"]
 
     @property
+    def checked_by(self) -> list[str]:
+        """The sanity checks (``role = "guard"``: non-finite values, grad-norm spikes, stalls, ...) that had their
+        inputs: they raise findings, but a run only they could read is not called judged."""
+        return [d for d, c in self.coverage.items() if c.get("role") == "guard" and c.get("status") == "judged"]
+
+    @property
     def not_judged(self) -> dict[str, str]:
         return {d: str(c.get("reason")) for d, c in self.coverage.items()
                 if c.get("role") == "failure" and c.get("status") != "judged" and c.get("status") != "not_applicable"}
@@ -172,6 +178,7 @@ class RunReport:
             "format": self.format,
             "verdict": self.verdict,
             "judged_by": self.judged_by,
+            "checked_by": self.checked_by,
             "not_judged": self.not_judged,
             "metrics_found": self.metrics_found,
             "model": dict(self.model),
@@ -1127,7 +1134,8 @@ def _fmt(v: Any) -> str:
 
 
 def coverage_lines(run: RunReport) -> list[str]:
-    """``judged by: ...`` and one ``could not judge`` line per failure detector that could not."""
+    """``judged by: ...``, one ``could not judge`` line per failure detector that could not, and the sanity
+    checks that ran."""
     if not run.coverage:
         return []
     if not run.steps:
@@ -1135,6 +1143,8 @@ def coverage_lines(run: RunReport) -> list[str]:
     out = [f"judged by: {', '.join(run.judged_by) or 'no failure detector'}"]
     for det, why in run.not_judged.items():
         out.append(f"  could not judge {det}: {why}")
+    if run.checked_by:
+        out.append(f"also checked: {', '.join(run.checked_by)}")
     return out
 
 
@@ -1322,6 +1332,8 @@ def render_markdown(report: Report) -> str:
             out += [f"Judged by: {', '.join(f'`{d}`' for d in r.judged_by) or 'no failure detector'}.", ""]
             for det, why in r.not_judged.items():
                 out.append(f"- could not judge `{det}`: {why}")
+            if r.checked_by:
+                out += ["", f"Also checked: {', '.join(f'`{d}`' for d in r.checked_by)}."]
             out.append("")
         if r.device:
             lines = device_lines(r)
