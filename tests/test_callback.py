@@ -138,11 +138,12 @@ def test_the_fits_imports_are_paid_at_train_begin_not_at_the_first_finding(tmp_p
     # scipy's fits (the forecast on a finding, the entropy-performance fit) cost ~1-2 s to import: paid inside
     # the step that raises the first finding, they would stall that training step. A fresh interpreter, so
     # only what the training stack itself imports is there before (scipy.optimize, not scipy.stats).
+    import json
     import subprocess
     import sys
 
     code = f"""
-import sys, warnings
+import json, sys, warnings
 import transformers
 transformers.logging.set_verbosity_error()
 warnings.filterwarnings("ignore")
@@ -155,9 +156,9 @@ attach(trainer, run / "run")
 before = [m for m in ("scipy.stats", "scipy.optimize") if m in sys.modules]
 trainer.callback_handler.on_train_begin(trainer.args, trainer.state, trainer.control)
 after = [m for m in ("scipy.stats", "scipy.optimize") if m in sys.modules]
-print(before, after)
+print(json.dumps([before, after]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[1])).stdout.strip().splitlines()[-1]
-    before, after = out.split("] [")
-    assert "scipy.stats" not in before and after == "'scipy.stats', 'scipy.optimize']", out
+    before, after = json.loads(out)
+    assert "scipy.stats" not in before and after == ["scipy.stats", "scipy.optimize"], out

@@ -87,6 +87,7 @@ class Engine:
         """Import now the modules a detector or annotator imports only when it has something to fit (scipy's,
         ~1-2 s): live, they are paid before the first step rather than inside the step that raises the first
         finding. Offline, nothing needs it."""
+        # An annotator, or a detector object that predates the attribute, may not declare any.
         for name in sorted({m for part in (*self.detectors, *self.annotators) for m in getattr(part, "fit_imports", ())}):
             importlib.import_module(name)
 

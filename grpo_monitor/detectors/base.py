@@ -221,6 +221,9 @@ class Detector:
     # (a fact about the run rather than a state it can leave); the state still follows each assessment.
     clear_after: int | None = 3
     clear_steps: int = 10
+    # Heavy modules it imports only to fit something (scipy): live, ``Engine.warm_up`` imports them at train
+    # begin, so the step that raises the first finding does not pay for them.
+    fit_imports: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.context = RunContext()

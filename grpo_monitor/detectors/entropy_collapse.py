@@ -88,10 +88,10 @@ class EntropyCollapse(Detector):
     """
 
     id = "entropy_collapse"
-    fit_imports = ("scipy.optimize",)  # the entropy-performance fit of a raised collapse (``Engine.warm_up``)
     variant = "dapo"
     # Entropy, and something to corroborate a fall with (a fall alone is also what learning looks like).
     requires = (("entropy", "frac_reward_zero_std|reward_std|reward|rewards/*/mean|samples"),)
+    fit_imports = ("scipy.optimize",)  # the entropy-performance fit of a raised collapse
 
     def __init__(
         self,
