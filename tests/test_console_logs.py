@@ -131,6 +131,46 @@ def test_verl_console(tmp_path):
     assert m["eval_accuracy"] == 0.75 and m["loss"] == -1.5e-05  # verl's held-out accuracy, under its canonical name
 
 
+def _verl_steps(n=3):
+    return [f"(TaskRunner pid=7) step:{s} - actor/entropy:0.3 - critic/score/mean:0.5 - response_length/mean:19"
+            f" - response_length/max:20 - response_length/clip_ratio:0.0" for s in range(1, n + 1)]
+
+
+def test_verl_console_config_dump_gives_the_cap_the_group_and_the_model(tmp_path):
+    # The resolved config verl pretty-prints before training, wrapped over lines behind Ray's prefix, with
+    # another process's line in the middle of it.
+    dump = [
+        "\x1b[36m(TaskRunner pid=7)\x1b[0m {'actor_rollout_ref': {'actor': {'entropy_coeff': 0.05,",
+        "\x1b[36m(TaskRunner pid=7)\x1b[0m                                  'optim': {'lr': 1e-05},",
+        "\x1b[36m(WorkerDict pid=9)\x1b[0m kwargs: {'n': 1, 'max_tokens': 128}",
+        "\x1b[36m(TaskRunner pid=7)\x1b[0m                                  'use_kl_loss': True, 'kl_loss_coef': 0.001},",
+        "\x1b[36m(TaskRunner pid=7)\x1b[0m                        'model': {'path': '/workspace/models/Qwen2.5-7B-Instruct'},",
+        "\x1b[36m(TaskRunner pid=7)\x1b[0m                        'rollout': {'n': 4, 'name': 'vllm'}},",
+        "\x1b[36m(TaskRunner pid=7)\x1b[0m  'data': {'max_response_length': 128, 'train_batch_size': 2}}",
+    ]
+    src = load_source(write(tmp_path, "verl.log", "\n".join(dump + _verl_steps()) + "\n"))
+    assert src.format == "verl_console" and [s for s, _ in src.steps] == [1, 2, 3]
+    assert src.context.config == {"learning_rate": 1e-05, "entropy_coef": 0.05, "num_generations": 4,
+                                  "max_completion_length": 128, "beta": 0.001, "generation_batch_size": 8}
+    assert src.context.model["name_or_path"] == "/workspace/models/Qwen2.5-7B-Instruct"
+    assert "model.path" in src.context.model["source"]
+
+
+def test_verl_console_launch_overrides_when_no_dump_is_printed(tmp_path):
+    cmd = ("+ python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.max_response_length=4096 "
+           "data.train_batch_size=64 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.policy_loss.loss_mode=gspo "
+           "'data.train_files=[/data/train.parquet]' actor_rollout_ref.actor.use_kl_loss=false")
+    src = load_source(write(tmp_path, "verl.log", "\n".join([cmd, *_verl_steps()]) + "\n"))
+    assert src.context.config == {"num_generations": 4, "max_completion_length": 4096, "beta": 0.0,
+                                  "importance_sampling_level": "sequence", "generation_batch_size": 256}
+
+
+def test_verl_console_with_a_broken_dump_reads_its_steps_without_a_config(tmp_path):
+    dump = ["(TaskRunner pid=7) {'data': {'max_response_length': 128,", "(TaskRunner pid=7)  'x': <object at 0x1>}}"]
+    src = load_source(write(tmp_path, "verl.log", "\n".join(dump + _verl_steps()) + "\n"))
+    assert src.context.config == {} and len(src.steps) == 3
+
+
 # ---------------------------------------------------------------------- hand-written loops
 
 

@@ -71,12 +71,15 @@ def batch_size_hint(shares: Iterable[float], most: int = 16) -> int | None:
 def completions_per_step(config: Mapping[str, Any] | None, shares: Iterable[float] = ()) -> int | None:
     """How many completions one logged step averages over: read off its shares (``batch_size_hint``), else
     from the config (``per_device_train_batch_size`` times ``gradient_accumulation_steps``, at least one group
-    of ``num_generations`` per micro-batch, one process: a lower bound); None when neither tells.
+    of ``num_generations`` per micro-batch, one process: a lower bound; ``generation_batch_size`` where no
+    per-device batch is given); None when neither tells.
 
     >>> completions_per_step({"per_device_train_batch_size": 1, "num_generations": 2}), completions_per_step({})
     (2, None)
     >>> completions_per_step({"per_device_train_batch_size": 8}, [0.0, 0.25, 0.75])
     4
+    >>> completions_per_step({"generation_batch_size": 8, "num_generations": 4})
+    8
     """
     hint = batch_size_hint(shares)
     if hint is not None:
@@ -88,6 +91,8 @@ def completions_per_step(config: Mapping[str, Any] | None, shares: Iterable[floa
         return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
     per_device, groups = setting("per_device_train_batch_size"), setting("num_generations")
+    if per_device is None and setting("generation_batch_size") is not None:
+        return setting("generation_batch_size")  # a trainer that states the batch outright (verl: prompts x n)
     if per_device is None and groups is None:
         return None
     return max(per_device or 0, groups or 0) * (setting("gradient_accumulation_steps") or 1)
