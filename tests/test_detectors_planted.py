@@ -17,7 +17,9 @@ from grpo_monitor.detectors import (
     NoLearningSignal,
     NonFinite,
 )
+from grpo_monitor.detectors.advantage_mask_bug import AdvantageMaskBug
 from grpo_monitor.detectors.base import RunContext
+from grpo_monitor.detectors.entropy_rise import EntropyRise
 from grpo_monitor.detectors.moe_model_detected import MoeModelDetected
 from grpo_monitor.detectors.reward_component_divergence import RewardComponentDivergence
 from grpo_monitor.detectors.variants import VARIANT_PRESETS
@@ -222,6 +224,62 @@ def test_length_coupling_needs_a_rise_in_tokens_not_only_a_ratio(tokens, raised)
               for s in range(1, 201)]
     found = _feed(LengthRewardCoupling(), series)
     assert bool(found) is raised, [(f.severity, f.step, f.evidence["mean_length"]) for f in found]
+
+
+def _short_structured(step, entropy):
+    """A short fixed-format answer (a JSON action of 17-20 tokens): its longest length recurs at every
+    step, nothing is ever cut, and a 2-completion batch often comes out all alike."""
+    lo = 17.0 + (step * 7) % 3 if step % 11 else 19.0
+    hi = 20.0 if step % 11 else 19.0
+    return {"entropy": entropy, "completions/mean_length": (lo + hi) / 2, "completions/min_length": lo,
+            "completions/max_length": hi, "completions/clipped_ratio": 0.0, "reward": 0.1 + 0.001 * (step % 5)}
+
+
+@pytest.mark.parametrize("cut, raised", [(0.0, False), (0.3, True)])
+def test_degenerate_long_cot_takes_the_longest_length_for_the_cap_only_where_completions_were_cut(cut, raised):
+    # Entropy doubles and the mean length creeps from 17.5 to 20 tokens, up to the longest length seen. With
+    # nothing cut that longest length is the answer's own, not a cap; with a third of the batch cut it is.
+    series = []
+    for s in range(1, 301):
+        m = _short_structured(s, 0.12 * (1.0 if s < 100 else 2.2))
+        if s >= 100:
+            m.update({"completions/mean_length": 20.0, "completions/min_length": 20.0})
+        m["completions/clipped_ratio"] = cut if s >= 100 else 0.0
+        series.append((s, m))
+    det = DegenerateLongCot()
+    found = _feed(det, series)
+    assert bool(found) is raised, [(f.severity, f.step, f.evidence.get("signals")) for f in found]
+    assert (det.length_cap is None) is (not raised)
+
+
+def test_equal_lengths_by_chance_after_the_mask_measured_different_ones_are_not_a_mask_bug():
+    # Now and then the two completions of a fixed-format answer come out alike, for four steps in a row at
+    # 19, 18, 19 and 20 tokens; the steps between show the mask ends completions where they end.
+    def alike(s, length):
+        return {**_short_structured(s, 0.3), "completions/min_length": length, "completions/max_length": length,
+                "completions/mean_length": length}
+
+    series = [(s, alike(s, (19.0, 18.0, 19.0, 20.0)[s % 50 - 10]) if 10 <= s % 50 < 14 else _short_structured(s, 0.3))
+              for s in range(1, 200)]
+    found = _feed(AdvantageMaskBug(), series)
+    assert found == [], [(f.severity, f.step) for f in found]
+    # Alike from the first step on: the mask has never shown a difference, and the invariant stands.
+    bug = [(s, alike(s, 19.0 + (s % 2))) for s in range(1, 10)]
+    assert [f.severity for f in _feed(AdvantageMaskBug(), bug)] == ["critical"]
+
+
+@pytest.mark.parametrize("reward_gain, severities", [(0.0, ["warning", "critical"]), (0.2, ["warning"])])
+def test_an_entropy_rise_while_the_task_reward_improves_stays_a_warning(reward_gain, severities):
+    # Entropy settles near 0.12 nats and doubles from step 100; the reward is noisy (a tiny batch) and either
+    # stays level or climbs by 0.2 over the same stretch.
+    series = []
+    for s in range(1, 401):
+        h = 0.12 * (1 + 0.05 * ((s * 7) % 5 - 2)) * (1.0 + min(1.2, max(0.0, s - 100) / 60))
+        r = 0.05 + 0.1 * ((s * 13) % 7 - 3) / 3 + reward_gain * min(1.0, max(0.0, s - 80) / 40)
+        series.append((s, {"entropy": h, "reward": r}))
+    found = _feed(EntropyRise(), series)
+    assert [f.severity for f in found] == severities, [(f.severity, f.step, f.evidence.get("correctness")) for f in found]
+    assert all(f.evidence.get("correctness_improving", False) is bool(reward_gain) for f in found)
 
 
 def test_degenerate_long_cot_advice_and_repetition_evidence():

@@ -7,7 +7,8 @@ Two invariants are checked, each on several logged points in a row:
   counted over positions past the end of the text, e.g. post-EOS positions filled with the EOS id
   and counted by the completion mask, so the loss and the advantages see padding as text. A task
   whose answers really are one fixed short length (a label, a digit) gives the same length at every
-  step and far below the cap; that is left alone.
+  step and far below the cap; that is left alone. So is a run that logged different lengths within a
+  batch before: its mask counts correctly, and a few completions of one format can all come out alike.
 - Normalised advantages that vanish (``advantages/max`` and ``/min`` within 1e-3 of zero
   relative to the raw reward spread) while groups do differ in reward (``reward_std`` > 0): the
   standard deviation was taken of already-centred rewards, or the advantages are scaled away.
@@ -69,15 +70,19 @@ class AdvantageMaskBug(Detector):
         self.adv_run = 0
         self.adv_since: int | None = None
         self.adv_last: dict[str, Any] = {}
+        self.distinct_at: int | None = None
         cap = (self.context.config or {}).get("max_completion_length")
         self.cap = float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
 
     def _equal_lengths(self, step: int, metrics: Metrics) -> bool | None:
         lo, hi = get(metrics, LO), get(metrics, HI)
         if lo is not None and hi is not None and hi - lo > 1e-6 * max(1.0, abs(hi)):
-            # Lengths that differ are not equal, whatever else the step logs.
+            # Lengths that differ are not equal, whatever else the step logs; and a mask that let one batch
+            # end its completions at different lengths counts correctly for the rest of the run.
             self.equal_run = 0
             self.equal_since = None
+            if self.distinct_at is None:
+                self.distinct_at = step
             return False
         mean, clip = get(metrics, MEAN), get(metrics, CLIP)
         if mean is None or lo is None or hi is None or clip is None:
@@ -147,7 +152,10 @@ class AdvantageMaskBug(Detector):
         # Two points at least: a log's first point often averages a transient.
         need = max(2, -(-self.persist_points // gap))
         ev: dict[str, Any] = {"persist_points": need}
-        if eq and self.equal_run >= need and not self._fixed_short_answer():
+        # The same mask measured different lengths before: a run of equal ones is chance (a few completions
+        # of a fixed-format answer), not padding counted as text.
+        chance = self.distinct_at is not None
+        if eq and self.equal_run >= need and not chance and not self._fixed_short_answer():
             ev.update({
                 "invariant": "equal_lengths",
                 "points": self.equal_run,
@@ -167,7 +175,9 @@ class AdvantageMaskBug(Detector):
                                   "compute the group std on the raw rewards, not on the centred ones, and check the "
                                   "advantage scaling.")})
             return Assessment(level=2, evidence=ev, onset_step=self.adv_since)
-        if eq and self.equal_run >= need:
+        if eq and self.equal_run >= need and chance:
+            ev.update(equal_lengths_by_chance=finite(self.equal_values[-1]), distinct_lengths_at=self.distinct_at)
+        elif eq and self.equal_run >= need:
             ev["fixed_length_answers"] = finite(self.equal_values[-1])
         return Assessment(level=0, evidence=ev)
 

@@ -149,7 +149,7 @@ class DegenerateLongCot(Detector):
         t = get(metrics, "reward")
         if t is not None:
             self.total.push(step, t)
-        self._cap_and_repetition(step, metrics, samples)
+        self._cap_and_repetition(step, metrics, samples, c)
         coef = get(metrics, "entropy_coef")
         if coef is not None:
             self.entropy_bonus = coef if coef > 0 else None
@@ -165,8 +165,10 @@ class DegenerateLongCot(Detector):
             return Assessment(0, {"entropy": {"latest": h, "baseline": e_base, "threshold_ratio": self.entropy_ratio}})
         return self._judge(step)
 
-    def _cap_and_repetition(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> None:
-        if self.cap is None:
+    def _cap_and_repetition(self, step: int, metrics: Metrics, samples: Sequence[Sample], clipped: float | None) -> None:
+        # A batch whose longest completion was cut hit the cap; one that logs none cut (clipped_ratio 0) only
+        # shows the longest answer, however often it recurs (short fixed-format outputs repeat their length).
+        if self.cap is None and (clipped is None or clipped > 0):
             m = get(metrics, "completions/max_length")
             if m is not None and m > 0:
                 if m > self._longest:
@@ -180,7 +182,7 @@ class DegenerateLongCot(Detector):
 
     @property
     def length_cap(self) -> float | None:
-        """``max_completion_length`` from the config, else the longest length several batches hit."""
+        """``max_completion_length`` from the config, else the longest length several batches were cut at."""
         if self.cap is not None:
             return self.cap
         return self._longest if self._longest_hits >= 3 else None

@@ -9,7 +9,8 @@ Everything is relative to the run: the baseline is taken once the normal early d
 (healthy runs spend most of their entropy early), a rise is the median of recent points against it
 (a one-step spike never moves a median), it must stand beyond the baseline's own spread and hold
 for a stretch of training (``hold_steps``, the same on fine and coarse logs). A brief rise that
-settles again ends before it is confirmed.
+settles again ends before it is confirmed. A rise stays a warning while the task reward is clearly
+better than at the baseline: then it is not (yet) hurting, whatever its ratio.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class EntropyRise(Detector):
         self.length_base: float | None = None
         self.correct: deque[float] = deque(maxlen=48)
         self.correct_base: float | None = None
+        self.correct_spread = 0.0
+        self.correct_n = 0
         self.correctness = CorrectnessSource(self.context)
         self._line: float | None = None  # the entropy level below which a point is plainly healthy
         self._base: float | None = None
@@ -128,8 +131,20 @@ class EntropyRise(Detector):
         if len(self.length):
             self.length_base = median(list(self.length)[-8:])
         if len(self.correct):
-            self.correct_base = median(list(self.correct)[-8:])
+            vals = list(self.correct)[-8:]
+            self.correct_base = median(vals)
+            self.correct_spread = mad_sigma(vals, self.correct_base)
+            self.correct_n = len(vals)
         return self._line
+
+    def _correctness_improving(self) -> bool:
+        """The task reward's median over the hold stretch above its median at the baseline by two standard
+        errors of that difference (a median's is 1.2533 sigma / sqrt(n)), sigma the reward's spread there."""
+        if self.correct_base is None or len(self.correct) < 3:
+            return False
+        recent = list(self.correct)[-self.clock.points_for(self.hold_steps, minimum=6):]
+        se = 1.2533 * self.correct_spread * math.sqrt(1.0 / self.correct_n + 1.0 / len(recent))
+        return median(recent) - self.correct_base > max(2.0 * se, 0.05 * abs(self.correct_base), 1e-6)
 
     def _rebase(self) -> float:
         """Lower the baseline to the median of the last ``hold_steps`` when entropy kept settling below
@@ -176,9 +191,14 @@ class EntropyRise(Detector):
             mk = mann_kendall([math.log(max(v, 1e-9)) for v in vals[-32:]])
             ev["trend"] = mk.as_evidence()
         level = 1
-        if ratio >= self.critical_ratio and self.episode_len >= 1:
-            level = 2
         self._companions(ev)
+        # Critical is for a rise that hurts: with the task reward still clearly above where it stood at the
+        # baseline, the extra entropy is exploration that pays (or the entropy bonus doing its job), so far.
+        improving = self._correctness_improving()
+        if improving:
+            ev["correctness_improving"] = True
+        if ratio >= self.critical_ratio and self.episode_len >= 1 and not improving:
+            level = 2
         self._remedy(ev)
         return Assessment(level=level, evidence=ev, onset_step=self._onset(line))
 
@@ -254,6 +274,8 @@ class EntropyRise(Detector):
         lead = "Entropy has risen far above its level" if severity == "critical" else "Entropy is rising"
         text = (f"{lead}: its recent median is {ratio:.1f}x the run's settled baseline ({evidence.get('baseline')} nats)"
                 " and has stayed there.")
+        if evidence.get("correctness_improving"):
+            text += " The task reward is still better than at the baseline, so the rise has not hurt yet."
         if evidence.get("remedy") == "remove_entropy_bonus":
             return text + f" The run adds an entropy bonus (entropy_coef={evidence.get('entropy_coef')}): set it to 0."
         lr = (evidence.get("learning_rate") or {}).get("recommended")
