@@ -108,6 +108,17 @@ def test_notebook_config_is_read_from_its_grpoconfig_cell(tmp_path):
     assert "GRPOConfig" in src.meta["config_from"]
     first = load_source(write(tmp_path / "one.ipynb", notebook(*nb["cells"][:2], code("trainer.train()", nb["cells"][2]["outputs"]))))
     assert first.context.config["max_completion_length"] == 1792 and "max_steps" not in first.context.config
+    # The report says where the settings its verdict rests on came from; a log without them says nothing.
+    from grpo_monitor.analysis.report import analyze, render_text
+
+    report = analyze(str(tmp_path / "grpo.ipynb"))
+    text = render_text(report)
+    assert "config: max_completion_length=1024, num_generations=4, learning_rate=1e-05 — from the notebook's code" in text
+    run = report.to_dict()["runs"][0]
+    assert run["config"] == src.context.config and "GRPOConfig" in run["config_from"]
+    plain = notebook(code("trainer.train()", nb["cells"][2]["outputs"]))
+    bare = analyze(str(write(tmp_path / "bare.ipynb", plain)))
+    assert "\nconfig: " not in render_text(bare) and "config_from" not in bare.to_dict()["runs"][0]
 
 
 def test_notebook_outputs_saved_as_a_list_of_records_with_the_table(tmp_path):

@@ -111,6 +111,10 @@ class RunReport:
     # The GPU's health over the run (``core.device.device_health``, with the device the run header names),
     # None when the run logged no device readings.
     device: dict[str, Any] | None = None
+    # Where a foreign log's training config came from (a notebook's GRPOConfig cell, the config verl printed)
+    # and the settings read there that the detectors and recommendations use; None when the log gave none.
+    config_from: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def judged_by(self) -> list[str]:
@@ -197,6 +201,9 @@ class RunReport:
             out["steps_logged"] = self.steps_logged
         # Explanations of normal behaviour under their own key: "notes" has carried the read warnings.
         out["normal"] = list(self.notes)
+        if self.config_from:
+            out["config_from"] = self.config_from
+            out["config"] = dict(self.config)
         if self.cost:
             out["cost"] = dict(self.cost)
         if self.device:
@@ -610,7 +617,16 @@ def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | 
         steps_logged=len(src.steps) + loss.steps if loss is not None else None,
         cost=cost_summary(engines[0] if engines else None, findings),
         device=_device(src),
+        config_from=_config_from(src),
+        config=dict(src.context.config or {}) if _config_from(src) else {},
     )
+
+
+def _config_from(src: Any) -> str | None:
+    """What a reader says a foreign log's config came from (``Source.meta["config_from"]``), else None."""
+    meta = getattr(src, "meta", None)
+    origin = meta.get("config_from") if isinstance(meta, Mapping) else None
+    return origin if isinstance(origin, str) and origin else None
 
 
 def with_recorded_rules(src: Any, detectors: Sequence[Any] | None) -> Sequence[Any] | None:
@@ -891,7 +907,7 @@ def _marker(d: Path) -> str | None:
 _OWN_REPORTS = (
     (re.compile(r'\A\s*\{\s*"runs"\s*:\s*\[\s*(?:\{\s*"source"|\])'), "grpo-monitor analyze --json report"),
     (re.compile(r"\A\s*# grpo-monitor report\b"), "grpo-monitor analyze --markdown report"),
-    (re.compile(r"\A\s*== .*\n(?:read: .*\n|model: .*\n)*verdict: "), "grpo-monitor analyze report"),
+    (re.compile(r"\A\s*== .*\n(?:read: .*\n|model: .*\n|config: .*\n)*verdict: "), "grpo-monitor analyze report"),
     (re.compile(r"\A\s*grpo-monitor lint: "), "grpo-monitor lint report"),
     (re.compile(r'\A\s*\{\s*"source"\s*:[^\n]*\n?\s*"device"\s*:\s*\{\s*"judged_for"'), "grpo-monitor lint --json report"),
     (re.compile(r'\A\s*\{\s*"samples"\s*:\s*\['), None),  # inspect-rewards --json: told by its notice below
@@ -1157,6 +1173,22 @@ def model_line(model: Mapping[str, Any]) -> str:
     return f"{name}, from {model['source']}" if model.get("source") else name
 
 
+# The settings that change what a finding says or recommends, in the order a reader looks for them.
+_CONFIG_SHOWN = ("max_completion_length", "num_generations", "generation_batch_size", "learning_rate", "beta",
+                 "loss_type", "importance_sampling_level", "temperature", "max_grad_norm", "entropy_coef")
+
+
+def config_line(config: Mapping[str, Any], origin: str) -> str:
+    """A foreign log's config in one line: where it came from and the settings the verdict rests on.
+
+    >>> config_line({"num_generations": 2, "max_completion_length": 1024, "seed": 3}, "the config verl printed")
+    'max_completion_length=1024, num_generations=2 — from the config verl printed'
+    """
+    shown = [f"{k}={config[k]!r}" if isinstance(config[k], str) else f"{k}={config[k]}"
+             for k in _CONFIG_SHOWN if config.get(k) is not None]
+    return f"{', '.join(shown) or 'no setting the detectors read'} — from {origin}"
+
+
 def device_lines(run: RunReport) -> list[str]:
     """``device: ...`` and its health lines, for a run that logged device readings."""
     if not run.device:
@@ -1223,6 +1255,8 @@ def render_text(report: Report) -> str:
             out.append(f"read: {run.file}")
         if run.model.get("source"):  # model facts a reader or --model gave, not a run header's
             out.append(f"model: {model_line(run.model)}")
+        if run.config_from:
+            out.append(f"config: {config_line(run.config, run.config_from)}")
         out.append(f"verdict: {verdict_line(run)}")
         if run.verdict == "cannot_judge":
             out.append(f"  {needs_text(run)}")
