@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_monitor.analysis.report import analyze, render_text
 from grpo_monitor.readers import SourceError, detect_format, load_source
 from tests.conftest import SHARED
 
@@ -163,6 +164,20 @@ def test_verl_console_launch_overrides_when_no_dump_is_printed(tmp_path):
     src = load_source(write(tmp_path, "verl.log", "\n".join([cmd, *_verl_steps()]) + "\n"))
     assert src.context.config == {"num_generations": 4, "max_completion_length": 4096, "beta": 0.0,
                                   "importance_sampling_level": "sequence", "generation_batch_size": 256}
+
+
+@pytest.mark.parametrize("n, estimator, told", [(1, "grpo", True), (1, None, True), (4, "grpo", False),
+                                                (1, "reinforce_plus_plus", False)])
+def test_verl_grpo_with_one_completion_per_prompt_is_told_as_reinforce_without_a_baseline(tmp_path, n, estimator, told):
+    cmd = ("+ python3 -m verl.trainer.main_ppo data.max_response_length=512 data.train_batch_size=2 "
+           f"actor_rollout_ref.rollout.n={n}" + (f" algorithm.adv_estimator={estimator}" if estimator else ""))
+    path = write(tmp_path, "verl.log", "\n".join([cmd, *_verl_steps()]) + "\n")
+    src = load_source(path)
+    notes = [w for w in src.warnings if "rollout.n = 1" in w]
+    assert bool(notes) is told, src.warnings
+    if told:
+        assert notes[0].startswith(f"{path}:") and "REINFORCE without a baseline" in notes[0]
+        assert "note: " + notes[0] in render_text(analyze(str(path)))
 
 
 def test_verl_console_with_a_broken_dump_reads_its_steps_without_a_config(tmp_path):

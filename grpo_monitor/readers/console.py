@@ -44,7 +44,7 @@ from grpo_monitor.readers._base import (
     finish,
     guess_context,
 )
-from grpo_monitor.readers.verl_config import verl_config
+from grpo_monitor.readers.verl_config import group_of_one_note, verl_config
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 # A flat Python dict whose first key is quoted: the shape of every printed log dict.
@@ -521,10 +521,12 @@ def read_verl(path: Path, text: str) -> Source:
         src.warnings.append(f"{path}: skipped {bad} line(s) whose step is beyond the 64-bit range")
     finish(src, table, "lines")
     src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
-    config, model = verl_config(text)
+    config, model, estimator = verl_config(text)
     if config:
         src.context.config = {**config, **(src.context.config or {})}
         src.meta["config_from"] = f"the config verl printed ({len(config)} settings)"
+        if (note := group_of_one_note(config, estimator)) is not None:
+            src.warnings.append(f"{path}: {note}")
     if model:
         from grpo_monitor.readers.model import facts_for_id, set_model
 

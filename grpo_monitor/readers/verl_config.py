@@ -16,14 +16,16 @@ literals are read; a dump that does not parse gives no config rather than a gues
 ... (TaskRunner pid=7)                       'rollout': {'n': 4, 'temperature': 1.0}},
 ... (TaskRunner pid=7)  'data': {'max_response_length': 128, 'train_batch_size': 2}}
 ... step:1 - actor/entropy:0.12'''
->>> config, model = verl_config(text)
+>>> config, model, estimator = verl_config(text)
 >>> config
 {'learning_rate': 1e-06, 'entropy_coef': 0.1, 'num_generations': 4, 'temperature': 1.0, 'max_completion_length': 128, 'beta': 0.0, 'generation_batch_size': 8}
->>> model
-'/models/Qwen2.5-7B-Instruct'
+>>> model, estimator
+('/models/Qwen2.5-7B-Instruct', None)
 >>> verl_config("+ python3 -m verl.trainer.main_ppo data.max_response_length=4096 actor_rollout_ref.rollout.n=4 "
-...             "actor_rollout_ref.actor.policy_loss.loss_mode=gspo actor_rollout_ref.actor.use_kl_loss=false")
-({'num_generations': 4, 'max_completion_length': 4096, 'beta': 0.0, 'importance_sampling_level': 'sequence'}, None)
+...             "actor_rollout_ref.actor.policy_loss.loss_mode=gspo algorithm.adv_estimator=grpo")
+({'num_generations': 4, 'max_completion_length': 4096, 'importance_sampling_level': 'sequence'}, None, 'grpo')
+>>> group_of_one_note({"num_generations": 1}, "grpo")[:60]
+'rollout.n = 1 with the GRPO advantage: each prompt has one c'
 """
 
 from __future__ import annotations
@@ -123,12 +125,13 @@ _NAMES = {
 }
 
 
-def verl_config(text: str) -> tuple[dict[str, Any], str | None]:
-    """The config a verl log prints, in ``GRPOConfig`` names, and the model path it trains; ``({}, None)``
-    when the log prints none."""
+def verl_config(text: str) -> tuple[dict[str, Any], str | None, str | None]:
+    """The config a verl log prints, in ``GRPOConfig`` names, the model path it trains and its advantage
+    estimator (``algorithm.adv_estimator``: ``grpo``, ``gae``, ``rloo``, ...); ``({}, None, None)`` when the
+    log prints none."""
     tree = _dump(text) or _overrides(text)
     if tree is None:
-        return {}, None
+        return {}, None, None
     config: dict[str, Any] = {}
     for path, name in _NAMES.items():
         v = _number(_at(tree, path))
@@ -145,4 +148,18 @@ def verl_config(text: str) -> tuple[dict[str, Any], str | None]:
     if isinstance(prompts, int) and isinstance(n, int) and prompts > 0 and n > 0:
         config["generation_batch_size"] = prompts * n
     model = _at(tree, "actor_rollout_ref.model.path")
-    return config, model if isinstance(model, str) and model.strip() else None
+    estimator = _at(tree, "algorithm.adv_estimator")
+    return (config, model if isinstance(model, str) and model.strip() else None,
+            estimator if isinstance(estimator, str) and estimator else None)
+
+
+def group_of_one_note(config: Mapping[str, Any], estimator: str | None) -> str | None:
+    """What to tell of a GRPO run that samples one completion per prompt, else None. verl's GRPO advantage
+    normalises each score within its prompt's group and takes a group of one as mean 0, std 1: the advantage
+    is then the raw score, REINFORCE without a baseline, and every detector that reads the group's spread
+    reads nothing."""
+    if config.get("num_generations") != 1 or (estimator or "grpo") != "grpo":
+        return None
+    return ("rollout.n = 1 with the GRPO advantage: each prompt has one completion, so there is no group to "
+            "compare it with and the advantage is the raw score (REINFORCE without a baseline), not GRPO's "
+            "group-relative one; sample several completions per prompt (the recipe: rollout.n >= 8)")
