@@ -252,6 +252,25 @@ def test_degenerate_long_cot_takes_the_longest_length_for_the_cap_only_where_com
     assert (det.length_cap is None) is (not raised)
 
 
+@pytest.mark.parametrize("base_cut, raised", [(1.0, False), (0.1, True)])
+def test_degenerate_long_cot_needs_the_truncated_share_to_rise_not_to_sit_at_one(base_cut, raised):
+    # A tiny cap (16 tokens) and entropy that jumps 2.5x for a few steps while the reward falls. Where every
+    # completion was cut from the start, truncation has not grown and nothing is degenerating into long text;
+    # where a tenth was cut and then all are, it has.
+    series = []
+    for s in range(1, 121):
+        spike = 60 <= s < 68
+        m = {"entropy": 0.5 + 0.05 * ((s * 7) % 5) / 4 + (0.8 if spike else 0.0),
+             "completions/mean_length": 16.0 if (s >= 60 or base_cut == 1.0) else 14.0,
+             "completions/max_length": 16.0, "completions/clipped_ratio": 1.0 if s >= 60 else base_cut,
+             "reward": -1.0 - (0.8 if s >= 60 else 0.1 * ((s * 3) % 4) / 3)}
+        series.append((s, m))
+    found = _feed(DegenerateLongCot(), series, RunContext(config={"max_completion_length": 16}))
+    assert bool(found) is raised, [(f.severity, f.step, f.evidence.get("signals")) for f in found]
+    if raised:
+        assert "truncation_up" in found[0].evidence["signals"]
+
+
 def test_equal_lengths_by_chance_after_the_mask_measured_different_ones_are_not_a_mask_bug():
     # Now and then the two completions of a fixed-format answer come out alike, for four steps in a row at
     # 19, 18, 19 and 20 tokens; the steps between show the mask ends completions where they end.

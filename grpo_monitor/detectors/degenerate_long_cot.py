@@ -187,6 +187,12 @@ class DegenerateLongCot(Detector):
             return self.cap
         return self._longest if self._longest_hits >= 3 else None
 
+    def _clip_rise_needed(self, base: float) -> float:
+        """How far the truncated share must rise over its baseline: ``clip_rise``, or half the room left above a
+        high baseline, but never less than 5 points. A share already at 1 at its baseline (a cap every completion
+        reaches from the start) cannot rise: its truncation is not growth, and the truncation detector tells it."""
+        return max(0.05, min(self.clip_rise, 0.5 * (1.0 - base)))
+
     def _reward_falling(self, relax: float, ev: dict[str, Any]) -> bool:
         """The task reward well below its baseline over about 30 steps and trending down (noisy
         logs without entropy need the longer stretch and the trend test)."""
@@ -256,9 +262,9 @@ class DegenerateLongCot(Detector):
         if self.clipped.ready:
             cr = self.clipped.recent(k) or 0.0
             cb = self.clipped.base or 0.0
-            need = cb + min(self.clip_rise, 0.5 * (1 - cb)) * relax
-            ev["clipped_ratio"] = {"recent": finite(cr), "baseline": finite(cb), "threshold": finite(min(need, 1.0))}
-            clip_up = cr >= min(need, 0.999)
+            need = cb + self._clip_rise_needed(cb) * relax
+            ev["clipped_ratio"] = {"recent": finite(cr), "baseline": finite(cb), "threshold": finite(need)}
+            clip_up = cr >= need
             if clip_up:
                 signals.append("truncation_up")
         reward_down = False
@@ -292,7 +298,7 @@ class DegenerateLongCot(Detector):
             if not warn and self.clipped.ready:
                 cr, cb = self.clipped.recent(k) or 0.0, self.clipped.base or 0.0
                 Lr = (self.length.recent(k) or 0.0) if self.length.ready else 0.0
-                rose = cr - cb >= max(0.05, min(self.clip_rise, 0.5 * (1 - cb))) * relax
+                rose = cr - cb >= self._clip_rise_needed(cb) * relax
                 pinned = cr >= 0.9 * relax or bool(cap and Lr >= 0.95 * cap)
                 if rose and pinned and self._reward_falling(1.0 / relax, ev):
                     warn = True
