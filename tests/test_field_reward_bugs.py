@@ -163,6 +163,18 @@ def test_a_format_reward_paying_every_completion_from_the_start_is_saturated_not
     assert [f.evidence["components"][0]["kind"] for f in _feed(RewardFunctionBug(), series)] == ["free", "free"]
 
 
+@pytest.mark.parametrize("name, kind", [("valid_json_reward", None), ("json_schema_check", None),
+                                        ("bonus_reward", "free")])
+def test_a_structured_output_validity_reward_saturated_from_the_start_is_not_a_free_reward(name, kind):
+    # A JSON action forced by the prompt (or learnt in SFT before GRPO): the validity check pays every
+    # completion its 3.0 from step 1 while the task reward tells completions apart.
+    series = [(s, {f"rewards/{name}/mean": 3.0, f"rewards/{name}/std": 0.0,
+                   "rewards/game_score/mean": 3.0 + (s * 7) % 5, "rewards/game_score/std": 12.0 + s % 4,
+                   "reward_std": 12.0}) for s in range(1, 60)]
+    found = _feed(RewardFunctionBug(), series)
+    assert [c["kind"] for f in found[:1] for c in f.evidence["components"]] == ([kind] if kind else [])
+
+
 def _length_paid_batches(steps, rate=0.05, grow_from=20, cap=64):
     """Sample batches of a reward paying ``rate`` per token beside format and correctness rewards; from
     ``grow_from`` on the completions grow a token a step while correctness stays where it was."""

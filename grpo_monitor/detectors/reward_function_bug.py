@@ -47,7 +47,8 @@ from grpo_monitor.detectors.signals import (
     resolve_correctness,
 )
 
-_FORMAT = re.compile(r"format|xml|tag|think|strict|soft|struct|schema", re.IGNORECASE)
+# Names of format checks: tags and templates, and the validity of structured output (a JSON action or tool call).
+_FORMAT = re.compile(r"format|xml|tag|think|strict|soft|struct|schema|json", re.IGNORECASE)
 _EPS = 1e-9
 # The recommendation's name for giving a reward that pays per token the weight 0.
 DROP_LENGTH_REWARD = "drop_length_reward"
