@@ -20,6 +20,7 @@ from grpo_monitor.detectors import (
 from grpo_monitor.detectors.advantage_mask_bug import AdvantageMaskBug
 from grpo_monitor.detectors.base import RunContext
 from grpo_monitor.detectors.entropy_rise import EntropyRise
+from grpo_monitor.detectors.kl_pinned import KlPinned
 from grpo_monitor.detectors.moe_model_detected import MoeModelDetected
 from grpo_monitor.detectors.reward_component_divergence import RewardComponentDivergence
 from grpo_monitor.detectors.variants import VARIANT_PRESETS
@@ -269,6 +270,19 @@ def test_degenerate_long_cot_needs_the_truncated_share_to_rise_not_to_sit_at_one
     assert bool(found) is raised, [(f.severity, f.step, f.evidence.get("signals")) for f in found]
     if raised:
         assert "truncation_up" in found[0].evidence["signals"]
+
+
+@pytest.mark.parametrize("config, severities", [({"beta": 0.04}, ["warning", "critical"]), ({}, ["info"]),
+                                                ({"beta": 0.0}, [])])
+def test_kl_logged_as_zero_is_an_alarm_only_where_the_run_says_beta_is_above_zero(config, severities):
+    # 200 steps of kl = 0.0 with gradients flowing. With beta > 0 the updates miss the policy; with the beta
+    # unknown (a trainer_state.json) the zeros may be the placeholder Unsloth logs when beta is 0.
+    series = [(s, {"kl": 0.0, "grad_norm": 0.08, "learning_rate": 1e-6, "reward": 1.8 + 0.1 * (s % 3)})
+              for s in range(1, 201)]
+    found = _feed(KlPinned(), series, RunContext(config=config))
+    assert [f.severity for f in found] == severities
+    if severities == ["info"]:
+        assert "does not say the run's beta" in found[0].message
 
 
 def test_equal_lengths_by_chance_after_the_mask_measured_different_ones_are_not_a_mask_bug():

@@ -10,7 +10,9 @@ reward drifts, the loss is the usual near-zero GRPO loss.
 Judged after ``warmup_steps``: every KL value of the last ``min_steps`` training steps (at least
 ``min_points`` logged points) at or below ``zero_tol`` in magnitude, with a gradient norm above zero where
 it is logged. Raised once per run: a warning, critical once it has held for ``critical_steps``.
-Not applicable where the run's config says ``beta`` is 0 (TRL then logs no ``kl``).
+Not applicable where the run's config says ``beta`` is 0 (TRL then logs no ``kl``). Where the log does not
+say the run's beta (a ``trainer_state.json``, an event file), the zeros may be a placeholder (Unsloth logs
+``kl`` as 0 when beta is 0, TRL's default): it is then said once, as ``info``, never as an alarm.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ class KlPinned(Detector):
     judging), ``min_steps`` and ``min_points`` (the stretch it must hold over), ``critical_steps`` (held this
     long, it is critical).
 
+    >>> from grpo_monitor.detectors.base import RunContext
     >>> det = KlPinned()
+    >>> det.start(RunContext(config={"beta": 0.04}))
     >>> found = []
     >>> for s in range(1, 101):
     ...     found += det.update(s, {"kl": 0.0, "grad_norm": 0.8, "learning_rate": 1e-6})
@@ -41,6 +45,9 @@ class KlPinned(Detector):
     >>> det.reset()
     >>> [f for s in range(1, 101) for f in det.update(s, {"kl": 1e-4 * s, "grad_norm": 0.8})]
     []
+    >>> det.start(RunContext())  # beta unknown
+    >>> [(f.severity, f.step) for s in range(1, 101) for f in det.update(s, {"kl": 0.0, "grad_norm": 0.8})]
+    [('info', 40)]
     """
 
     id = "kl_pinned"
@@ -58,6 +65,9 @@ class KlPinned(Detector):
         super().__init__()
 
     def _reset_state(self) -> None:
+        # Without the run's beta a KL of exactly 0 is no evidence of a fault: with beta = 0 (TRL's default)
+        # Unsloth still logs ``kl`` and logs it as 0. Said as a fact to check, never as an alarm, then.
+        self.severities = ("warning", "critical") if self._beta() is not None else ("info", "info")
         self.since: int | None = None
         self.points = 0
         self.max_abs = 0.0
@@ -106,7 +116,8 @@ class KlPinned(Detector):
         }
         if not flowing or self.points < self.min_points or held < self.min_steps:
             return Assessment(0, evidence)
-        return Assessment(2 if held >= self.critical_steps else 1, evidence, onset_step=self.since)
+        critical = held >= self.critical_steps and beta is not None  # unknown beta: said once, as a fact
+        return Assessment(2 if critical else 1, evidence, onset_step=self.since)
 
     def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:
         beta = evidence.get("beta")
@@ -114,7 +125,9 @@ class KlPinned(Detector):
         why = (" The learning rate in effect is 0." if lr == 0 else
                " A LoRA adapter that is not applied or not trainable, a frozen model or a reference model that is "
                "the policy itself does this.")
-        return (f"The KL to the reference has stayed at ~0 (at most {evidence.get('max_abs_kl'):.2g}) for "
-                f"{evidence.get('steps')} steps since step {evidence.get('since_step')}"
-                + (f" with beta={beta:g}" if isinstance(beta, (int, float)) else "")
-                + " while gradients flow: the updates are not reaching the policy." + why)
+        held = (f"The KL to the reference has stayed at ~0 (at most {evidence.get('max_abs_kl'):.2g}) for "
+                f"{evidence.get('steps')} steps since step {evidence.get('since_step')}")
+        if not isinstance(beta, (int, float)):
+            return (f"{held}, and the log does not say the run's beta. With beta = 0 (TRL's default; Unsloth then "
+                    "logs kl as 0) nothing is wrong; with beta > 0 the updates are not reaching the policy." + why)
+        return f"{held} with beta={beta:g} while gradients flow: the updates are not reaching the policy." + why
