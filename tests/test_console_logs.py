@@ -316,6 +316,23 @@ def test_a_log_with_two_trainings_reads_the_grpo_one(tmp_path):
     assert src.meta["trainings_in_log"] == 2 and any("2 trainings" in w for w in src.warnings)
 
 
+def test_a_grpo_stage_after_sft_takes_its_steps_from_its_own_banner_and_bar(tmp_path):
+    # Unsloth prints a banner per training; the GRPO stage logs every 5 of its 1,404 steps, its bar at k/1404
+    # right before each dict.
+    def banner(total):
+        return f"   \\\\   /|    Num examples = 100 | Num Epochs = 2 | Total steps = {total:,}\n"
+
+    sft = banner(200) + "".join(f"\r {s // 2}%|###| {s}/200 [00:01<00:02, 1.0it/s]" + (
+        str({"loss": f"{2 - s / 100:.4g}", "grad_norm": "1", "learning_rate": "1e-05", "epoch": f"{s / 100:.4g}"}) + "\n"
+        if s % 10 == 0 else "") for s in range(1, 201))
+    sft += str({"train_runtime": "10", "train_loss": "1.5", "epoch": "2"}) + "\n"
+    grpo = banner(1404) + "".join(f"\r  0%|          | {s}/1404 [00:37<1:34:11,  4.04s/it]" + (
+        "\n" + trl_line(0.1, 0.0, 0.5) + "\n" if s % 5 == 0 else "") for s in range(1, 31))
+    src = load_source(write(tmp_path, "sft_then_grpo.log", sft + grpo))
+    assert [s for s, _ in src.steps] == [5, 10, 15, 20, 25, 30] and src.meta["logging_steps"] == 5
+    assert src.meta["steps_from"].startswith("from the progress bar")
+
+
 def test_python_api_takes_logging_steps(tmp_path):
     import grpo_monitor as monitor
 

@@ -423,9 +423,12 @@ def _sampled_bars(text: str, positions: list[int], n: int = 1000) -> tuple[list[
 
 
 def _total_steps(text: str, bars: list[tuple[int, int, int]], before: int | None = None) -> int | None:
-    """The run's step count: as the trainer's banner states it before training, else the total of
-    the progress bar drawn most often."""
-    m = _TOTAL_STEPS.search(text, 0, len(text) if before is None else before)
+    """The run's step count: as the trainer's banner states it before training (the last banner before the
+    first dict read: a log of an SFT stage and then GRPO prints one per training), else the total of the
+    progress bar drawn most often."""
+    m = None
+    for m in _TOTAL_STEPS.finditer(text, 0, len(text) if before is None else before):
+        pass
     if m:
         try:
             return int(m.group(1).replace(",", ""))
