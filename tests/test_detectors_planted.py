@@ -21,6 +21,7 @@ from grpo_monitor.detectors.advantage_mask_bug import AdvantageMaskBug
 from grpo_monitor.detectors.base import RunContext
 from grpo_monitor.detectors.entropy_rise import EntropyRise
 from grpo_monitor.detectors.kl_pinned import KlPinned
+from grpo_monitor.detectors.length_collapse import LengthCollapse
 from grpo_monitor.detectors.moe_model_detected import MoeModelDetected
 from grpo_monitor.detectors.reward_component_divergence import RewardComponentDivergence
 from grpo_monitor.detectors.variants import VARIANT_PRESETS
@@ -283,6 +284,21 @@ def test_kl_logged_as_zero_is_an_alarm_only_where_the_run_says_beta_is_above_zer
     assert [f.severity for f in found] == severities
     if severities == ["info"]:
         assert "does not say the run's beta" in found[0].message
+
+
+@pytest.mark.parametrize("learns, raised", [(True, False), (False, True)])
+def test_shorter_answers_while_a_sparse_correctness_rises_are_concise_not_a_collapse(learns, raised):
+    # One prompt, six completions a step: correctness is k/6 of a 2.0 score, mostly 0, so its median stays 0
+    # at every level below one half. Length halves from 170 to 80 tokens; where one step in three from step 120
+    # gets one or two of its six right (mean ~0.17), the model is learning concise answers.
+    series = []
+    for s in range(1, 251):
+        right = (1 + (s * 5) % 2) if (learns and s >= 120 and s % 3 == 0) else (1 if s % 37 == 0 else 0)
+        length = 170.0 - 90.0 * min(1.0, max(0, s - 100) / 100) + (s * 7) % 9
+        series.append((s, {"completions/mean_length": length, "rewards/correctness_reward_func/mean": 2.0 * right / 6,
+                           "reward": 0.5 + 2.0 * right / 6}))
+    found = _feed(LengthCollapse(), series, RunContext(correctness_reward="correctness_reward_func"))
+    assert bool(found) is raised, [(f.severity, f.step, f.evidence.get("correctness_means")) for f in found]
 
 
 def test_equal_lengths_by_chance_after_the_mask_measured_different_ones_are_not_a_mask_bug():

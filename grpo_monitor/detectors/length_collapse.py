@@ -20,6 +20,7 @@ scaling of advantages): recommended unless the run already trains that way.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -211,7 +212,30 @@ class LengthCollapse(Detector):
                              "rising_tolerance": finite(tol_up), "sigma": finite(sigma)}
         if now > base + tol_up:
             return "rising"
+        if now <= base + tol_up and self._mean_rise(n, floor, ev):
+            return "rising"
         return "falling" if now < base - tol else "flat"
+
+    def _mean_rise(self, n: int, floor: float, ev: dict[str, Any]) -> bool:
+        """Correctness clearly above its early level by its means, where medians cannot tell: a sparse score
+        (a few completions a step, mostly wrong: 0, 1/6, 2/6, ...) has a median of 0 at every level below one
+        half, and its MAD is 0. The recent mean must stand 2.5 standard errors above the early one (as the
+        medians must), the recent window's error inflated for its lag-1 autocorrelation (an AR(1) effective sample size)."""
+        early, recent = self._base_cor, self.correct.last(n)
+        if len(early) < 3 or len(recent) < 6:
+            return False
+        m0, m1 = statistics.fmean(early), statistics.fmean(recent)
+        v0, v1 = statistics.variance(early), statistics.variance(recent)
+        rho = 0.0
+        if v1 > 0:
+            d = [x - m1 for x in recent]
+            rho = max(0.0, min(0.9, sum(a * b for a, b in zip(d, d[1:])) / (v1 * (len(d) - 1))))
+        n_eff = len(recent) * (1.0 - rho) / (1.0 + rho)
+        se = math.sqrt(v0 / len(early) + v1 / max(n_eff, 2.0))
+        rise = m1 - m0
+        ev["correctness_means"] = {"recent": finite(m1), "early": finite(m0), "standard_error": finite(se),
+                                   "lag1_autocorrelation": finite(rho)}
+        return rise > max(2.5 * se, floor)
 
     def _correct_high(self, ev: dict[str, Any]) -> bool:
         """Correctness is a share (every value in [0, 1]) and its recent level is at least 0.8."""
