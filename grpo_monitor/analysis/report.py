@@ -596,6 +596,7 @@ def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | 
     loss = write_loss(src)
     if loss is not None and status != "incomplete":  # else the status says it
         warnings.insert(0, loss.line(len(src.steps)))
+    config_from = _config_from(src)
     return RunReport(
         source=label,
         format=src.format,
@@ -617,8 +618,8 @@ def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | 
         steps_logged=len(src.steps) + loss.steps if loss is not None else None,
         cost=cost_summary(engines[0] if engines else None, findings),
         device=_device(src),
-        config_from=_config_from(src),
-        config=dict(src.context.config or {}) if _config_from(src) else {},
+        config_from=config_from,
+        config=dict(src.context.config or {}) if config_from else {},
     )
 
 

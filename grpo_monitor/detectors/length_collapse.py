@@ -210,9 +210,7 @@ class LengthCollapse(Detector):
         tol_up = max(2.5 * sigma * scale, floor)
         ev["correctness"] = {"metric": self.correctness.key, "recent": finite(now), "early": finite(base), "tolerance": finite(tol),
                              "rising_tolerance": finite(tol_up), "sigma": finite(sigma)}
-        if now > base + tol_up:
-            return "rising"
-        if now <= base + tol_up and self._mean_rise(n, floor, ev):
+        if now > base + tol_up or self._mean_rise(n, floor, ev):
             return "rising"
         return "falling" if now < base - tol else "flat"
 
@@ -220,7 +218,8 @@ class LengthCollapse(Detector):
         """Correctness clearly above its early level by its means, where medians cannot tell: a sparse score
         (a few completions a step, mostly wrong: 0, 1/6, 2/6, ...) has a median of 0 at every level below one
         half, and its MAD is 0. The recent mean must stand 2.5 standard errors above the early one (as the
-        medians must), the recent window's error inflated for its lag-1 autocorrelation (an AR(1) effective sample size)."""
+        medians must), the recent window's error inflated for its lag-1 autocorrelation (an AR(1) effective
+        sample size)."""
         early, recent = self._base_cor, self.correct.last(n)
         if len(early) < 3 or len(recent) < 6:
             return False
