@@ -30,7 +30,6 @@ from typing import Any
 from grpo_monitor.detectors.base import Finding
 from grpo_monitor.detectors.numbers import finite
 from grpo_monitor.core.engine import Engine
-from grpo_monitor.core.recommend import Recommender, lineage_options
 from grpo_monitor.core.recommend import title as rec_title
 from grpo_monitor.core.exit_codes import ExitCode
 from grpo_monitor.analysis.explain import clipping_never_fired
@@ -115,6 +114,11 @@ class RunReport:
     # and the settings read there that the detectors and recommendations use; None when the log gave none.
     config_from: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    # Each detector's state at the end of the replay, as the session shows it (the dashboard's board).
+    states: dict[str, str] = field(default_factory=dict)
+    # The log's own names mapped onto the canonical ones by their words (``core.names``): ``mapped`` (name ->
+    # {to, by}) and ``ambiguous`` (canonical name -> the names left unmapped for it); empty when none was.
+    names: dict[str, Any] = field(default_factory=dict)
 
     @property
     def judged_by(self) -> list[str]:
@@ -208,6 +212,8 @@ class RunReport:
             out["cost"] = dict(self.cost)
         if self.device:
             out["device"] = dict(self.device)
+        if self.names:
+            out["names"] = dict(self.names)
         return out
 
 
@@ -299,14 +305,16 @@ def prepare(src: Any, mapping: Mapping[str, str] | None = None) -> Any:
 
 
 def prepare_names(src: Any, mapping: Mapping[str, str] | None = None) -> tuple[Any, list[str]]:
-    """Apply a user's column mapping and derive the metrics a log reports in parts, in place;
-    the source and its metric names afterwards.
+    """Apply a user's column mapping, then the names the log's own words resolve to (``core.names``), and
+    derive the metrics a log reports in parts, in place; the source and its metric names afterwards. What the
+    words mapped (and what they could not tell apart) is kept in ``src.meta["names"]``.
 
     A mapped column is found under its name as logged or as normalised; the mapped metric wins
     over one of the same name the log already had.
     """
-    from grpo_monitor.detectors.signals import reward_names_in
     from grpo_monitor.core.metrics import derive_metrics, normalize
+    from grpo_monitor.core.names import resolve
+    from grpo_monitor.detectors.signals import reward_names_in, reward_roles
 
     names = src.metric_names()
     renames: dict[str, str] = {}
@@ -318,6 +326,20 @@ def prepare_names(src: Any, mapping: Mapping[str, str] | None = None) -> tuple[A
         else:
             if metric not in names:
                 src.warnings.append(f"--map {column}={metric}: the run logs no column {column!r}")
+    if src.format != "run_dir":  # our own run log holds TRL's names already
+        mapped = set(renames)
+        left = [n for n in names if n not in mapped]
+        values: dict[str, list[Any]] = {n: [] for n in left}
+        for _, metrics in src.steps[:64]:
+            for n in left:
+                v = metrics.get(n)
+                if v is not None:
+                    values[n].append(v)
+        words = resolve(left, values, known=[n for n in names if n not in mapped] + list(renames.values()))
+        renames.update(words.mapping)
+        if words.mapping or words.ambiguous:
+            src.meta["names"] = {"mapped": {n: {"to": t, "by": words.how[n]} for n, t in words.mapping.items()},
+                                 "ambiguous": words.ambiguous}
     probe = dict.fromkeys(names, 0.0)
     derives = derive_metrics(probe) is not None
     if renames or derives:
@@ -341,14 +363,9 @@ def prepare_names(src: Any, mapping: Mapping[str, str] | None = None) -> tuple[A
             if name not in known:
                 known.append(name)
         src.context.reward_names = known
-        if src.context.correctness_reward is None or src.context.format_reward is None:
-            from grpo_monitor.detectors.signals import _CORRECT_HINT, _FORMAT_HINT
-
-            for name in known:
-                if src.context.correctness_reward is None and _CORRECT_HINT.search(name) and not _FORMAT_HINT.search(name):
-                    src.context.correctness_reward = name
-                if src.context.format_reward is None and _FORMAT_HINT.search(name):
-                    src.context.format_reward = name
+        correct, fmt = reward_roles(known)  # the one guess, live and offline
+        src.context.correctness_reward = src.context.correctness_reward or correct
+        src.context.format_reward = src.context.format_reward or fmt
     if renames or derives:
         names = list(dict.fromkeys([renames.get(n, n) for n in names] + (["frac_reward_zero_std"] if derives else [])))
     return src, names
@@ -387,30 +404,40 @@ def replay_with_coverage(
     src: Any, detectors: Sequence[Any] | None = None, names: Sequence[str] | None = None,
     costing: Costing | None = None, engine_out: list[Any] | None = None,
 ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    from grpo_monitor.core.cost import CostMeter
-    from grpo_monitor.core.forecast import Forecaster
-
-    costing = costing or Costing()
-    engine = Engine(src.context, detectors, annotators=[
-        CostMeter(devices=costing.devices or run_devices(src), gpu_hour_price=costing.gpu_hour_price,
-                  runtime=run_runtime(src)), Forecaster()])
+    session = replay_session(src, detectors, costing)
     if engine_out is not None:
-        engine_out.append(engine)
-    engine.replay(src.steps, src.samples)
-    # A segment of a restarted lineage: what earlier segments tried is shown as tried, not dropped.
-    header = getattr(getattr(src, "run", None), "header", None)
-    recommender = Recommender(src.context.config, is_moe=src.context.is_moe, clipping_never_fired=clipping_never_fired(src.steps),
-                              **lineage_options(header))
-    # The pre-flight findings come first, as the live callback met them at the start.
-    recs = [r for r in (recommender(f.to_dict()) for f in [*config_findings(src), *engine.findings]) if r is not None]
+        engine_out.append(session.engine)
     if names is None:
         names = names_with_values(src.steps, src.metric_names())
-    coverage = engine.coverage(set(names), _has_samples(src))
+    coverage = session_coverage(session, src, names)
+    return session.findings, session.recommendations, coverage
+
+
+def replay_session(src: Any, detectors: Sequence[Any] | None = None, costing: Costing | None = None,
+                   each: Any = None) -> Any:
+    """A recorded run replayed through the one session ``analyze``, the dashboard and the live callback share
+    (``core.session``): its pre-flight findings first, as the live callback met them, then every logged step."""
+    from grpo_monitor.core.recommend import lineage_options
+    from grpo_monitor.core.session import SessionOptions, open_session
+
+    costing = costing or Costing()
+    header = getattr(getattr(src, "run", None), "header", None)
+    session = open_session(src.context, SessionOptions(
+        detectors=detectors, devices=costing.devices or run_devices(src), gpu_hour_price=costing.gpu_hour_price,
+        runtime=run_runtime(src), clipping_never_fired=clipping_never_fired(src.steps), **lineage_options(header)))
+    session.preflight(config_findings(src))
+    session.replay(src.steps, src.samples, each)
+    return session
+
+
+def session_coverage(session: Any, src: Any, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Which detectors could judge the replayed run, and why the others could not."""
+    coverage = session.coverage(set(names), _has_samples(src))
     if not src.steps:
         for c in coverage.values():
             if c["status"] in ("judged", "too_few_points", "missing_inputs"):
                 c["status"], c["reason"] = "missing_inputs", "no logged step"
-    return engine.findings, recs, coverage
+    return coverage
 
 
 def run_devices(src: Any) -> int | None:
@@ -579,8 +606,8 @@ def model_facts_of(model: str | Mapping[str, Any] | None) -> dict[str, Any] | No
 def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | None, path: Any,
             costing: Costing | None = None) -> RunReport:
     names = names_with_values(src.steps, logged)
-    engines: list[Any] = []
-    findings, recs, coverage = replay_with_coverage(src, with_recorded_rules(src, detectors), names, costing, engines)
+    session = replay_session(src, with_recorded_rules(src, detectors), costing)
+    findings, recs, coverage = session.findings, session.recommendations, session_coverage(session, src, names)
     status, note = run_status(src)
     warnings = list(src.warnings)
     skipped = None
@@ -616,7 +643,9 @@ def _report(label: str, src: Any, logged: list[str], detectors: Sequence[Any] | 
         skipped=skipped,
         not_written=loss.to_dict() if loss is not None else None,
         steps_logged=len(src.steps) + loss.steps if loss is not None else None,
-        cost=cost_summary(engines[0] if engines else None, findings),
+        cost=cost_summary(session.engine, findings),
+        states=session.state_names(),
+        names=dict(src.meta.get("names") or {}),
         device=_device(src),
         config_from=config_from,
         config=dict(src.context.config or {}) if config_from else {},
@@ -908,7 +937,7 @@ def _marker(d: Path) -> str | None:
 _OWN_REPORTS = (
     (re.compile(r'\A\s*\{\s*"runs"\s*:\s*\[\s*(?:\{\s*"source"|\])'), "grpo-monitor analyze --json report"),
     (re.compile(r"\A\s*# grpo-monitor report\b"), "grpo-monitor analyze --markdown report"),
-    (re.compile(r"\A\s*== .*\n(?:read: .*\n|model: .*\n|config: .*\n)*verdict: "), "grpo-monitor analyze report"),
+    (re.compile(r"\A\s*== .*\n(?:read: .*\n|model: .*\n|config: .*\n|names: .*\n)*verdict: "), "grpo-monitor analyze report"),
     (re.compile(r"\A\s*grpo-monitor lint: "), "grpo-monitor lint report"),
     (re.compile(r'\A\s*\{\s*"source"\s*:[^\n]*\n?\s*"device"\s*:\s*\{\s*"judged_for"'), "grpo-monitor lint --json report"),
     (re.compile(r'\A\s*\{\s*"samples"\s*:\s*\['), None),  # inspect-rewards --json: told by its notice below
@@ -1190,6 +1219,17 @@ def config_line(config: Mapping[str, Any], origin: str) -> str:
     return f"{', '.join(shown) or 'no setting the detectors read'} — from {origin}"
 
 
+def names_line(names: Mapping[str, Any]) -> str:
+    """The names a log's own words were mapped by, in one line (``--map`` overrides any of them).
+
+    >>> names_line({"mapped": {"rollout_reward_mean": {"to": "reward", "by": "reward + mean"}}, "ambiguous": {}})
+    'rollout_reward_mean → reward (reward + mean), mapped by their words; --map NAME=METRIC overrides'
+    """
+    parts = [f"{n} → {m['to']} ({m['by']})" for n, m in (names.get("mapped") or {}).items()]
+    parts += [f"{', '.join(ns)}: left unmapped, each could be {t}" for t, ns in (names.get("ambiguous") or {}).items()]
+    return "; ".join(parts) + ", mapped by their words; --map NAME=METRIC overrides"
+
+
 def device_lines(run: RunReport) -> list[str]:
     """``device: ...`` and its health lines, for a run that logged device readings."""
     if not run.device:
@@ -1258,6 +1298,8 @@ def render_text(report: Report) -> str:
             out.append(f"model: {model_line(run.model)}")
         if run.config_from:
             out.append(f"config: {config_line(run.config, run.config_from)}")
+        if run.names:
+            out.append(f"names: {names_line(run.names)}")
         out.append(f"verdict: {verdict_line(run)}")
         if run.verdict == "cannot_judge":
             out.append(f"  {needs_text(run)}")
@@ -1356,6 +1398,8 @@ def render_markdown(report: Report) -> str:
         out.append("")
     for r in report.runs:
         out += [f"## `{r.source}`", "", f"**Verdict: {r.verdict}** — {r.format}, {r.steps} logged steps, read from `{r.file or r.source}`.", ""]
+        if r.names:
+            out += [f"Names: {names_line(r.names)}.", ""]
         if r.verdict == "cannot_judge":
             out += [f"The monitor could not see this run: no failure detector had the inputs it needs. {needs_text(r)}", ""]
         elif r.status:

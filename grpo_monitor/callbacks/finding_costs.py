@@ -13,8 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_monitor.core.cost import CostMeter, cost_phrase
-from grpo_monitor.core.forecast import Forecaster, forecast_phrase
+from grpo_monitor.core.cost import cost_phrase
+from grpo_monitor.core.forecast import forecast_phrase
 from grpo_monitor.detectors.base import Detector, Finding
 from grpo_monitor.detectors.rule import RuleDetector
 
@@ -29,10 +29,11 @@ class FindingCosts:
         self.gpu_hour_price = None if gpu_hour_price is None else float(gpu_hour_price)
         self.rules = list(rules)
 
-    def annotators(self, args: Any) -> list[Any]:
+    @staticmethod
+    def devices(args: Any) -> int | None:
+        """The run's device count for the GPU-hours (``args.world_size``), None when it does not say."""
         world = getattr(args, "world_size", None)
-        devices = world if isinstance(world, int) and not isinstance(world, bool) and world >= 1 else None
-        return [CostMeter(devices=devices, gpu_hour_price=self.gpu_hour_price), Forecaster()]
+        return world if isinstance(world, int) and not isinstance(world, bool) and world >= 1 else None
 
     def detectors(self, given: Sequence[Detector] | None) -> list[Detector] | None:
         """The engine's detectors: those given (the built-in set when None) and the rules."""

@@ -37,11 +37,10 @@ from grpo_monitor.callbacks.restart_policy import RestartPolicy
 from grpo_monitor.callbacks.reward_tap import RewardTap
 from grpo_monitor.callbacks.tensorboard_mirror import TensorBoardMirror
 from grpo_monitor.core.device import combine_ranks
-from grpo_monitor.core.engine import Engine
 from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize_metrics
-from grpo_monitor.core.recommend import Recommender
 from grpo_monitor.core.recommend import title as rec_title
 from grpo_monitor.core.runlog import RunWriter, _jsonable
+from grpo_monitor.core.session import Session, SessionOptions, open_session
 from grpo_monitor.core.telemetry import system_metrics
 from grpo_monitor.detectors.base import Detector, RunContext
 from grpo_monitor.detectors.signals import reward_roles
@@ -110,8 +109,7 @@ class MonitorCallback(TrainerCallback):
         self.alerts: Any = None
         self.writer: RunWriter | None = None
         self.router_tap: Any = None
-        self.recommender: Any = None
-        self.engine: Engine | None = None
+        self.session: Session | None = None
         self._detectors = detectors
         self.last_step_written = -1
         self._step_metrics: dict[str, Any] = {}
@@ -210,11 +208,11 @@ class MonitorCallback(TrainerCallback):
         config = _jsonable(args.to_dict())
         self.context.config = config
         self.context.model = facts
-        self.engine = Engine(self.context, self.costs.detectors(self._detectors), on_error=self.report_error,
-                             annotators=self.costs.annotators(args))
-        self._guard("imports", self.engine.warm_up)
-        self.recommender = Recommender(config, is_moe=self.context.is_moe, tried=list(self.place.tried),
-                                       segment=self.place.segment)
+        self.session = open_session(self.context, SessionOptions(
+            detectors=self.costs.detectors(self._detectors), devices=self.costs.devices(args),
+            gpu_hour_price=self.costs.gpu_hour_price, tried=list(self.place.tried), segment=self.place.segment,
+            on_error=self.report_error))
+        self._guard("imports", self.session.engine.warm_up)
         # A write that fails (the disk full) is reported once; the writer counts what it lost and says so in the log.
         self.writer = RunWriter(self.run_dir, rank=rank if not state.is_world_process_zero else 0,
                                 on_error=self.report_error)
@@ -256,8 +254,7 @@ class MonitorCallback(TrainerCallback):
         if not findings:
             return
         # A pre-flight finding that names a variant carries its diff like any other finding.
-        recs = self._guard("recommendations", lambda: [
-            r for r in (self.recommender(f.to_dict()) for f in findings) if r is not None]) or []
+        recs = self._guard("recommendations", self.session.preflight, findings) or []
         self.writer.write(*({"type": "finding", **f.to_dict()} for f in findings), *recs)  # type: ignore[union-attr]
         for f in findings:
             # logging_steps > 1 is said once, here, in one line: detection is coarser, nothing else changes.
@@ -313,7 +310,7 @@ class MonitorCallback(TrainerCallback):
         from every rank, which the detectors see on every rank alike."""
         step = int(state.global_step)
         writer = self.writer
-        if writer is None or self.engine is None:
+        if writer is None or self.session is None:
             return []
         if SUMMARY_KEYS & logs.keys():
             # The trainer's last log: every tracker still has its run open. The alerts' end message,
@@ -349,9 +346,9 @@ class MonitorCallback(TrainerCallback):
         logged = record["metrics"] = {**self._step_metrics, **metrics} if step == self.last_step_written else metrics
         if len(devices) > 1 and any(devices):
             record["devices"] = [{"rank": r, **(d or {})} for r, d in enumerate(devices)]
-        findings = self.engine.update(step, metrics, samples)
-        states = record["detectors"] = self.engine.state_names()
-        recs = [r for r in (self.recommender(f.to_dict()) for f in findings) if r is not None]
+        outcome = self.session.update(step, metrics, samples)
+        findings, recs = outcome.findings, outcome.recommendations
+        states = record["detectors"] = outcome.states
         if state.is_world_process_zero:
             self._guard("tensorboard", self.tensorboard.write, step, states, findings, recs)
             writer.write(record, *({"type": "finding", **f.to_dict()} for f in findings), *recs)

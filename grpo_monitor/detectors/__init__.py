@@ -8,6 +8,7 @@ from grpo_monitor.detectors.device_throttled import DeviceThrottled
 from grpo_monitor.detectors.entropy_collapse import EntropyCollapse
 from grpo_monitor.detectors.entropy_rise import EntropyRise
 from grpo_monitor.detectors.eval_drop import EvalDrop
+from grpo_monitor.detectors.extreme_start import ExtremeStart
 from grpo_monitor.detectors.grad_norm_spike import GradNormSpike
 from grpo_monitor.detectors.kl_pinned import KlPinned
 from grpo_monitor.detectors.length_collapse import LengthCollapse
@@ -57,6 +58,8 @@ ALL_DETECTORS: list[type[Detector]] = [
     TrainEvalDivergence,
     EvalDrop,
     KlPinned,
+    # Facts about the run's start.
+    ExtremeStart,
 ]
 
 # The fixed detector ids, in the registry's order.
@@ -75,6 +78,7 @@ __all__ = [
     "EntropyCollapse",
     "EntropyRise",
     "EvalDrop",
+    "ExtremeStart",
     "GradNormSpike",
     "KlPinned",
     "Finding",

@@ -61,9 +61,9 @@ class DegenerateLongCot(Detector):
     """Entropy well above its baseline with length and truncation rising and reward falling.
 
     Parameters: ``entropy_ratio`` (entropy at or above this multiple of the baseline counts as
-    exploding), ``clip_rise`` (rise of the truncated share over its baseline), ``cap_fraction``
-    (share of the distance from the baseline length to ``max_completion_length`` that counts as
-    running to the cap),
+    exploding), ``clip_rise`` (rise of the truncated share over its baseline: a fifth of the completions newly
+    cut), ``cap_fraction`` (share of the distance from the baseline length to ``max_completion_length`` that
+    counts as running to the cap; with the entropy up, a length doubled counts too),
     ``reward_drop`` (relative fall of correctness below its baseline), ``settle_half``/``settle_tol``.
 
     >>> det = DegenerateLongCot()
@@ -89,7 +89,7 @@ class DegenerateLongCot(Detector):
     def __init__(
         self,
         entropy_ratio: float = 2.0,
-        clip_rise: float = 0.3,
+        clip_rise: float = 0.2,
         cap_fraction: float = 0.5,
         reward_drop: float = 0.3,
         settle_half: int = 3,
@@ -114,6 +114,7 @@ class DegenerateLongCot(Detector):
         # The total reward, apart from correctness: rising with length, it pays for length
         # (length-reward coupling), which is not degeneration.
         self.total = LevelTrack(window=16, half=h, tol=10.0, positive=False, min_span=20)
+        self._total_best: float | None = None
         self._saw_entropy = False
         cap = (self.context.config or {}).get("max_completion_length")
         ok = isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 < cap < math.inf
@@ -208,14 +209,18 @@ class DegenerateLongCot(Detector):
         return rb - rr > self.reward_drop * abs(rb) * relax and mk.p_down < 0.05 / relax
 
     def _reward_rising(self, k: int) -> bool:
-        """The total reward clearly above its baseline: the reward is paying for the growth."""
-        if not self.total.ready:
+        """The total reward clearly above its baseline and at its best level so far, with the length logged: the
+        reward is paying for the growth (``length_reward_coupling``, which reads the length, judges that). A reward
+        that has fallen from its peak while the truncation rose is not paying for length."""
+        if not self.total.ready or not self.length.ready:
             return False
         tr, tb = self.total.recent(max(k, self.clock.points_for(10, 3))), self.total.base
         if tr is None or tb is None:
             return False
         spread = max(self.total.baseline.spread or 0.0, 1e-6)
-        return tr - tb > max(self.reward_drop * abs(tb), 2 * spread)
+        self._total_best = tr if self._total_best is None else max(self._total_best, tr)
+        below_peak = self._total_best - tr > max(self.reward_drop * abs(self._total_best - tb), 2 * spread)
+        return tr - tb > max(self.reward_drop * abs(tb), 2 * spread) and not below_peak
 
     def _judge(self, step: int) -> Assessment:
         k = self.clock.points()
@@ -252,8 +257,10 @@ class DegenerateLongCot(Detector):
             Lb = self.length.base or 0.0
             ev["mean_length"] = {"recent": finite(Lr), "baseline": finite(Lb), "max_completion_length": cap}
             if cap:
-                # Closed at least ``cap_fraction`` of the distance from the baseline to the cap.
-                length_up = Lr >= Lb + self.cap_fraction * max(cap - Lb, 1.0) * relax
+                # Closed at least ``cap_fraction`` of the distance from the baseline to the cap, or, with the entropy
+                # risen beside it, doubled on the way there (DAPO's signature: entropy and length rise together).
+                length_up = (Lr >= Lb + self.cap_fraction * max(cap - Lb, 1.0) * relax
+                             or (entropy_up and Lr >= (1.0 + relax) * Lb))
             else:
                 length_up = Lr >= (1.0 + 0.5 * relax) * Lb
             if length_up:

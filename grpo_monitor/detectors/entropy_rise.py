@@ -108,7 +108,10 @@ class EntropyRise(Detector):
         if r is not None:
             self.correct.append(r)
         if tr.baseline.value is None:
-            return Assessment(warming_up=True, evidence={"entropy": h, "points": tr.baseline.n})
+            # Risen far above its first points before it ever settled (a rise from the first step): those first
+            # points are the run's level, as a settled baseline would have been.
+            if not tr.force_if_moved(step, self.clock.points_for(self.recent_steps, minimum=3), high=self.critical_ratio):
+                return Assessment(warming_up=True, evidence={"entropy": h, "points": tr.baseline.n})
         line = self._line
         if line is None:
             line = self._freeze(tr.baseline.value)

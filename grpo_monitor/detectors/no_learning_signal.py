@@ -2,7 +2,10 @@
 
 Every group has identical rewards (``frac_reward_zero_std`` = 1), every completion is cut at
 ``max_completion_length`` (``completions/clipped_ratio`` = 1), or rewards have no spread and the
-gradient is zero, sustained over several logged points. No GRPO variant fixes this, so the finding
+gradient is zero, sustained over several logged points. A share that is high but not total, or a
+batch without spread on most points (``reward_std`` 0 where the share is not logged), counts too once
+it holds on average over a stretch of twice ``persist_steps`` (``most``): a sparse reward that pays one
+group in ten now and then still leaves most of the compute without signal. No GRPO variant fixes this, so the finding
 carries none. When entropy has exploded or collapsed relative to its own baseline, the stall is a
 symptom of that failure and is left to its own detector.
 
@@ -22,6 +25,9 @@ from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, c
 from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, get
 from grpo_monitor.detectors.stats import Window, median
 from grpo_monitor.detectors.sudden_collapse import REMEDY, lowered_learning_rate
+
+# Nats a token below which sampling is all but greedy (the top token's probability above 0.998), whatever the model.
+NEAR_GREEDY = 0.02
 
 
 class NoLearningSignal(Detector):
@@ -43,11 +49,12 @@ class NoLearningSignal(Detector):
 
     id = "no_learning_signal"
     variant = None
-    requires = (("frac_reward_zero_std",), ("completions/clipped_ratio",), ("reward_std", "grad_norm"))
+    requires = (("frac_reward_zero_std",), ("completions/clipped_ratio",), ("reward_std",))
 
     def __init__(self, level: float = 0.98, persist_points: int = 3, persist_steps: int = 10, defer_high: float = 2.5,
-                 defer_low: float = 0.25) -> None:
+                 defer_low: float = 0.25, most: float = 0.8) -> None:
         self.level = check_float("level", level, 0.5, 1.0)
+        self.most = check_float("most", most, 0.5, 1.0)
         self.persist_points = check_int("persist_points", persist_points, 1)
         self.persist_steps = check_int("persist_steps", persist_steps, 0)
         self.defer_high = check_float("defer_high", defer_high, 1.0, 1e6, low_open=True)
@@ -59,6 +66,9 @@ class NoLearningSignal(Detector):
         # The flagged points (step, number of conditions). Only the trailing run of them is ever read,
         # so an unflagged point is not stored: it only ends the run.
         self.flags = Window(64)
+        # The share of groups without spread at each point (``reward_std`` 0 counts as all, above 0 as none),
+        # for the stretch average.
+        self.zero = Window(64)
         # Trailing flagged points in ``flags``.
         self._run = 0
         self.last_reward: float | None = None
@@ -67,6 +77,7 @@ class NoLearningSignal(Detector):
         self.masked = (self.context.config or {}).get("mask_truncated_completions") is True
         # The run's own history of signal: points where most groups had a reward spread.
         self.signal_points = 0
+        self.signal_steps = 0  # training steps those points cover
         self.last_signal_step: int | None = None
         self.best_reward: float | None = None
         self.lost = False
@@ -83,12 +94,30 @@ class NoLearningSignal(Detector):
         ev["correctness"] = {"metric": self.correctness.key, "recent": c}
         return c >= 0.9
 
-    def _conditions(self, fz: float | None, cr: float | None, rs: float | None, gn: float | None) -> list[str]:
+    def _mostly_alike(self, step: int) -> float | None:
+        """The mean share of groups without spread over the last ``2 x persist_steps`` of training (at least four
+        points), when it is at or above ``most``; else None."""
+        z = self.zero
+        if len(z) < 4:
+            return None
+        span = 2 * self.persist_steps
+        vals = [v for s, v in zip(z.steps, z.values) if s > step - span]
+        if len(vals) < 4:
+            vals = z.last(4)
+            if step - z.steps[-4] + self.clock.gap < span:
+                return None
+        share = sum(vals) / len(vals)
+        return share if share >= self.most else None
+
+    def _conditions(self, fz: float | None, cr: float | None, rs: float | None, gn: float | None,
+                    most: float | None = None) -> list[str]:
         """The no-signal conditions holding at a step with these ``frac_reward_zero_std``,
-        ``completions/clipped_ratio``, ``reward_std`` and ``grad_norm``."""
+        ``completions/clipped_ratio``, ``reward_std`` and ``grad_norm``, and the stretch's mean share ``most``."""
         out = []
         if fz is not None and fz >= self.level:
             out.append("all_groups_zero_std")
+        elif most is not None:
+            out.append("most_groups_zero_std")
         if cr is not None:
             # Truncated completions still carry their group's advantages unless TRL masks them out of
             # the loss: all-truncated is no signal only when masked, or when the groups' spread is gone.
@@ -106,9 +135,12 @@ class NoLearningSignal(Detector):
             entropy.force_if_moved(step, 2, low=self.defer_low, high=self.defer_high)
         fz, cr = get(metrics, "frac_reward_zero_std"), get(metrics, "completions/clipped_ratio")
         rs, gn = get(metrics, "reward_std"), get(metrics, "grad_norm")
-        if fz is None and cr is None and (rs is None or gn is None):
+        if fz is None and cr is None and rs is None:
             return None  # nothing measurable
-        conds = self._conditions(fz, cr, rs, gn)
+        z = fz if fz is not None else (1.0 if rs is not None and rs <= 1e-6 else 0.0 if rs is not None else None)
+        if z is not None:
+            self.zero.push(step, z)
+        conds = self._conditions(fz, cr, rs, gn, self._mostly_alike(step) if z is not None else None)
         r = get(metrics, "reward")
         if r is not None:
             self.last_reward = r
@@ -123,6 +155,7 @@ class NoLearningSignal(Detector):
         else:
             if fz is None or fz <= 0.5:
                 self.signal_points += 1
+                self.signal_steps += self.clock.gap
                 self.last_signal_step = step
                 if r is not None and (self.best_reward is None or r > self.best_reward):
                     self.best_reward = r
@@ -137,16 +170,18 @@ class NoLearningSignal(Detector):
         need = max(2, min(k, -(-self.persist_steps // max(1, self.clock.gap)) + 1))
         sustained = run >= need and covered >= self.persist_steps
         long_sustained = run >= 2 * need and covered >= 2 * self.persist_steps
-        if self.signal_points == 0 and len(conds) < 2:
-            # No group has differed since the first step, on one sign alone: a model often needs a while before
-            # its completions differ at all, so the stretch that counts is three (then six) times as long.
+        had = self.signal_points >= k and self.signal_steps >= self.persist_steps
+        if not had:
+            # No stretch of signal as long as the one that calls it gone: a model often needs a while before its
+            # completions differ at all (at the cap, all alike, in its first steps), so the stretch that counts is
+            # three times as long, and six for critical on one sign alone.
             sustained = sustained and covered >= 3 * self.persist_steps
-            long_sustained = long_sustained and covered >= 6 * self.persist_steps
+            long_sustained = long_sustained and covered >= (6 if len(conds) < 2 else 3) * self.persist_steps
         ev = _evidence(conds, run, k, self.level)
         if self.last_reward is not None:
             ev["reward"] = self.last_reward
         ev["signal"] = "never_had"
-        if self.signal_points >= k and self.last_signal_step is not None:
+        if had and self.last_signal_step is not None:
             best, now = self.best_reward, self.last_reward
             ev["had_signal_until"] = self.last_signal_step
             ev["signal_points"] = self.signal_points
@@ -162,8 +197,9 @@ class NoLearningSignal(Detector):
             ev["entropy_ratio_to_baseline"] = finite(ratio)
             if ratio >= self.defer_high:
                 deferred = "degenerate_long_cot"
-            elif ratio <= self.defer_low and not self._solved(ev):
-                # (A solved task's entropy falls too: there the saturation is the finding, not a collapse.)
+            elif ratio <= self.defer_low and not self._solved(ev) and (self.entropy.baseline.value or 0.0) > NEAR_GREEDY:
+                # (A solved task's entropy falls too: there the saturation is the finding, not a collapse. An entropy
+                # near zero from the start never fell: the sampler was greedy all along, and the stall is this one's.)
                 deferred = "entropy_collapse"
         if deferred:
             ev["deferred_to"] = deferred

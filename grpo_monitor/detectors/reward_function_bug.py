@@ -26,9 +26,11 @@ apart, batch after batch from the first one, scores the prompt and not the compl
 
 Penalties that have not fired yet look like a dead component, so a component at 0 whose name says
 neither format nor correctness is only raised after a long stretch. Logs without ``rewards/<f>/std``
-(older TRL) cannot show that every completion scored alike (signed rewards average to 0) and are not
-judged on metrics. No config flag fixes a broken reward function: the finding's ``advice`` says what
-to check in the code.
+(older TRL, notebooks' progress tables) are judged on the mean alone: one mean can average signed rewards
+to 0, but the same mean to the last digit at every logged point, over ``mean_only_points`` points and
+``other_steps`` steps, is a component that never varied. A constant at or below 0 never pays (a penalty or a
+parser's "no answer" value); above 0 it pays everything alike. No config flag fixes a broken reward
+function: the finding's ``advice`` says what to check in the code.
 """
 
 from __future__ import annotations
@@ -80,9 +82,11 @@ ADVICE = {
 class _Component:
     """One reward component followed from its first logged point while its std stays 0."""
 
-    __slots__ = ("changes", "first", "first_step", "last_step", "moved", "points", "prev", "status", "support")
+    __slots__ = ("changes", "first", "first_step", "last_step", "mean_only", "moved", "points", "prev", "status",
+                 "support")
 
-    def __init__(self, value: float, step: int) -> None:
+    def __init__(self, value: float, step: int, mean_only: bool = False) -> None:
+        self.mean_only = mean_only  # no std logged: constant only while the mean stays the same to the last digit
         self.first = value
         self.first_step = step
         self.last_step = step
@@ -121,12 +125,13 @@ class RewardFunctionBug(Detector):
 
     id = "reward_function_bug"
     variant = None
-    requires = (("rewards/*/std",), ("samples",))
+    requires = (("rewards/*/std",), ("samples",), ("rewards/*/mean",))
 
     def __init__(self, min_points: int = 2, min_steps: int = 8, critical_factor: float = 3.0, other_steps: int = 100,
                  min_batches: int = 3, max_components: int = 32, length_growth: float = 1.5,
-                 min_length_gain: float = 4.0, min_completions: int = 64) -> None:
+                 min_length_gain: float = 4.0, min_completions: int = 64, mean_only_points: int = 8) -> None:
         self.min_points = check_int("min_points", min_points, 1)
+        self.mean_only_points = check_int("mean_only_points", mean_only_points, 2)
         self.min_completions = check_int("min_completions", min_completions, 1)
         self.length_growth = check_float("length_growth", length_growth, 1.0, 1e3, low_open=True)
         self.min_length_gain = check_float("min_length_gain", min_length_gain, 0.0, 1e6)
@@ -138,9 +143,10 @@ class RewardFunctionBug(Detector):
         super().__init__()
 
     def missing_inputs(self, names: Collection[str], has_samples: bool = False) -> str | None:
-        if has_samples or any(isinstance(n, str) and n.startswith("rewards/") and n.endswith("/std") for n in names):
+        if has_samples or any(isinstance(n, str) and n.startswith("rewards/") and n.endswith(("/std", "/mean"))
+                              for n in names):
             return None
-        return "needs rewards/<f>/std (per-function reward std) or per-completion samples"
+        return "needs rewards/<f>/mean (per-function reward) or per-completion samples"
 
 
     def _reset_state(self) -> None:
@@ -188,51 +194,56 @@ class RewardFunctionBug(Detector):
         return self._judge(step)
 
     def _scan(self, metrics: Metrics) -> None:
-        keys = []
+        keys: list[tuple[str, str, str | None]] = []
         for k in metrics:
-            if isinstance(k, str) and k.startswith("rewards/") and k.endswith("/std"):
-                name = k[len("rewards/"):-len("/std")]
-                if name and "/" not in name and f"rewards/{name}/mean" in metrics:
-                    keys.append((name, f"rewards/{name}/mean", k))
+            if isinstance(k, str) and k.startswith("rewards/") and k.endswith("/mean"):
+                name = k[len("rewards/"):-len("/mean")]
+                if name and "/" not in name:
+                    std = f"rewards/{name}/std"
+                    keys.append((name, k, std if std in metrics else None))
         self._keys = keys[: self.max_components]
         self._unseen = sum(1 for n, _, _ in self._keys if n not in self.components)
         if self._correct is None:
             _, self._correct = resolve_correctness(self.context, [m for _, m, _ in self._keys])
 
     def _follow(self, step: int, metrics: Metrics) -> None:
-        stds: list[tuple[str, float, float]] = []
+        stds: list[tuple[str, float, float | None]] = []
         for name, mkey, skey in self._keys:
-            m, s = get(metrics, mkey), get(metrics, skey)
-            if m is not None and s is not None:
+            m = get(metrics, mkey)
+            s = get(metrics, skey) if skey is not None else None
+            if m is not None and (s is not None or skey is None):
                 stds.append((name, m, s))
         if not stds:
             return
         total_std = get(metrics, "reward_std")
-        varying = sum(1 for _, _, s in stds if s > _EPS)
         comps = self.components
+        # Another component varied at this point: its std says so, or, without one, its mean moved.
+        varying = sum(1 for n, m, s in stds if (s is not None and s > _EPS)
+                      or (s is None and n in comps and abs(m - comps[n].prev) > _EPS * max(1.0, abs(comps[n].prev))))
         for name, m, s in stds:
             c = comps.get(name)
             if c is None:
                 if len(comps) >= self.max_components:
                     continue
-                c = comps[name] = _Component(m, step)
+                c = comps[name] = _Component(m, step, mean_only=s is None)
                 self._unseen = max(0, self._unseen - 1)
-                if s > _EPS:
+                if s is not None and s > _EPS:
                     c.status = "alive"
                 else:
                     self._pinned += 1
             if c.status != "pinned":
                 continue
-            if s > _EPS:
+            if s is not None and s > _EPS:
                 c.status = "alive"
                 self._pinned -= 1
                 continue
             if abs(m - c.prev) > _EPS * max(1.0, abs(c.prev)):
                 c.changes += 1
                 c.prev = m
-                if self.clock.gap > 1:
+                if self.clock.gap > 1 or c.mean_only:
                     # A point averaging several batches: a sparse score (a penalty that fires on a whole small
-                    # batch now and then) averages to any value with std 0. Not constant, not judged.
+                    # batch now and then) averages to any value with std 0. Without a std, a mean that moved
+                    # says the completions were scored differently. Not constant, not judged.
                     c.status = "alive"
                     self._pinned -= 1
                     continue
@@ -319,9 +330,11 @@ class RewardFunctionBug(Detector):
         return finite(weights[names.index(name)])
 
     def _per_token(self, step: int, rows: Sequence[Sample]) -> None:
-        """Components whose score is exactly ``a x length + b`` (a > 0) over a batch of completions with at
-        least three distinct lengths: a reward paying per token. Two lengths always fit a line, so a batch
-        with fewer says nothing; one that breaks the line clears the component for the rest of the run."""
+        """Components whose score is ``a x length + b`` (a > 0, the line explaining at least 95% of the scores'
+        variance: a reward paying per word tracks the token count closely, not exactly) over a batch of
+        completions with at least three distinct lengths: a reward paying per token. Two lengths always fit a
+        line, so a batch with fewer says nothing; one that breaks the line clears the component for the rest
+        of the run."""
         scored: list[tuple[float, Mapping[str, Any]]] = []
         for r in rows:
             n = finite(r.get("length")) if isinstance(r, Mapping) else None
@@ -373,7 +386,7 @@ class RewardFunctionBug(Detector):
     def _kind(self, name: str, c: _Component) -> str:
         if c.moved:
             return "per_batch"
-        if abs(c.first) > _EPS:
+        if c.first > _EPS:
             # A format reward paying its score to every completion: the model writes the format already.
             is_format = name == self._format or (bool(_FORMAT.search(name)) and name != self._correct)
             return "saturated" if is_format else "free"
@@ -400,6 +413,13 @@ class RewardFunctionBug(Detector):
                 self.saturated[name] = c.first
                 continue
             need = self.other_steps if kind == "dead" else self.min_steps
+            if c.mean_only:
+                # The mean alone cannot tell a component that never varies from one that has not paid yet (a
+                # correctness that needs a format the model has not learned, a penalty that has not fired): the
+                # same value to the last digit over ``other_steps`` and ``mean_only_points`` points.
+                need = max(need, self.other_steps)
+                if c.points < self.mean_only_points:
+                    continue
             if covered < need or 2 * c.support < c.points:
                 continue
             if kind == "per_batch" and 3 * c.changes < c.points:
@@ -408,11 +428,11 @@ class RewardFunctionBug(Detector):
             if scored is not None and scored < self.min_completions:
                 continue
             lvl = 1
-            if (kind != "dead" and covered >= self.critical_factor * self.min_steps and c.points >= self.min_points + 1
+            if (kind != "dead" and covered >= self.critical_factor * need and c.points >= self.min_points + 1
                     and (scored is None or scored >= 2 * self.min_completions)):
                 lvl = 2
             found.append({"component": name, "kind": kind, "value": finite(c.first) if not c.moved else None,
-                          "std": 0.0, "points": c.points, "since_step": c.first_step, "steps": covered,
+                          "std": None if c.mean_only else 0.0, "points": c.points, "since_step": c.first_step, "steps": covered,
                           "advice": ADVICE[kind], "level": lvl})
             level = max(level, lvl)
             onset = c.first_step if onset is None else min(onset, c.first_step)
@@ -481,7 +501,7 @@ class RewardFunctionBug(Detector):
         if kind == "per_token":
             b = f.get("intercept") or 0.0
             line = f"{f.get('per_token'):.4g} x length" + (f" {'+' if b > 0 else '-'} {abs(b):.4g}" if abs(b) > 1e-9 else "")
-            what = (f"Reward component {name} pays {f.get('per_token'):.4g} per completion token (its score is exactly "
+            what = (f"Reward component {name} pays {f.get('per_token'):.4g} per completion token (its score follows "
                     f"{line} in every sample batch since step {f.get('since_step')})")
             if f.get("mean_length_now") is not None:
                 what += (f", and the completions have grown under it from {f['mean_length_first_batches']:.3g} to "
@@ -497,25 +517,37 @@ class RewardFunctionBug(Detector):
         elif kind == "per_batch":
             what = (f"Reward component {name} gives one score to a whole batch (its std is 0 at every step while its "
                     f"value changes) since step {f.get('since_step')}")
+        elif f.get("std") is None:
+            what = (f"Reward component {name} has logged the same mean, {f.get('value')}, to the last digit at every "
+                    f"one of {f.get('points')} logged points since step {f.get('since_step')} while the other rewards "
+                    "vary: it never varies")
         else:
             what = (f"Reward component {name} has paid exactly {f.get('value')} to every completion since step "
                     f"{f.get('since_step')} (std 0 over {f.get('points')} logged points) while the other rewards vary")
         return f"{what}{more}: the function is likely broken and teaches nothing. {f.get('advice', '')}"
 
 
-def _affine(pairs: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
-    """``(a, b)`` when every ``y`` is ``a x + b`` to rounding (a least-squares line with no residual), else None."""
+def _affine(pairs: Sequence[tuple[float, float]], min_r2: float = 0.95) -> tuple[float, float] | None:
+    """``(a, b)`` of the least-squares line ``y = a x + b`` when it explains the scores (R^2 at least ``min_r2``:
+    a reward paying per word moves with the token count almost, not exactly, linearly), else None.
+
+    >>> _affine([(4, 0.3), (4, 0.3), (5, 0.4), (7, 0.6)])
+    (0.1, -0.1)
+    >>> _affine([(4, 0.3), (5, 0.4), (7, 0.5), (4, 0.3)]) is not None, _affine([(4, 1.0), (5, 0.0), (7, 1.0)])
+    (True, None)
+    """
     if len({x for x, _ in pairs}) < 3:
         return None  # two lengths always fit a line
     n = len(pairs)
     mx = sum(x for x, _ in pairs) / n
     my = sum(y for _, y in pairs) / n
     sxx = sum((x - mx) ** 2 for x, _ in pairs)
-    if sxx <= _EPS:
+    syy = sum((y - my) ** 2 for _, y in pairs)
+    if sxx <= _EPS or syy <= _EPS:
         return None
-    a = sum((x - mx) * (y - my) for x, y in pairs) / sxx
+    sxy = sum((x - mx) * (y - my) for x, y in pairs)
+    a = sxy / sxx
     b = my - a * mx
-    scale = max(1.0, max(abs(y) for _, y in pairs))
-    if any(abs(y - (a * x + b)) > 1e-6 * scale for x, y in pairs):
+    if sxy * sxy / (sxx * syy) < min_r2:
         return None
-    return a, b
+    return float(f"{a:.6g}"), float(f"{b:.6g}")

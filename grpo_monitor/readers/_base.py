@@ -304,15 +304,25 @@ STEP_FIELDS = ("train/global_step", "global_step", "training/global_step", "trai
 _STEP_RANK = {name: i for i, name in enumerate(STEP_FIELDS)}
 
 
+# A trainer's own counter of its optimiser steps (``grpo_step``, ``optimizer_step``, ``rl_iteration``): ranked
+# after the fields above.
+COUNTER_NAME = re.compile(r"^(?:grpo|rl|ppo|optimizer|optim|opt|train|training|policy|learner|outer|global)"
+                          r"_(?:step|iteration|iter|update)s?$")
+
+
 def step_rank(name: Any) -> int | None:
     """Where a column or key named ``name`` ranks among step fields (case and spaces aside), or None.
 
-    >>> step_rank("Step"), step_rank("iteration"), step_rank("_step"), step_rank("reward")
-    (4, 5, 8, None)
+    >>> step_rank("Step"), step_rank("iteration"), step_rank("_step"), step_rank("grpo_step"), step_rank("reward")
+    (4, 5, 8, 9, None)
     """
     if not isinstance(name, str):
         return None
-    return _STEP_RANK.get(name.strip().lower().replace(" ", "_"))
+    folded = name.strip().lower().replace(" ", "_")
+    rank = _STEP_RANK.get(folded)
+    if rank is None and COUNTER_NAME.match(folded):
+        return len(STEP_FIELDS)
+    return rank
 
 
 def step_column(names: Iterable[Any]) -> int | None:

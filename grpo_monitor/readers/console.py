@@ -565,21 +565,58 @@ _LEVEL = re.compile(r"^(?:INFO|DEBUG|WARNING|WARN|ERROR|CRITICAL|TRAIN|Train|tra
 _SKIP_NAMES = frozenset({"step", "steps", "epoch", "iter", "iteration", "it", "global step", "global_step", "batch", "update"})
 
 
-def _step_lines(text: str, limit: int | None = None) -> list[tuple[tuple[Any, ...], int, int | None, int | None, dict[str, float]]]:
-    """``(family, n, total, epoch, metrics)`` of every line with a step counter and a number pair."""
+def _counter(line: str) -> re.Match[str] | None:
+    """The step counter of a line: of several (``Iteration 1/1, Step 5/500, GRPO iter 1/1``), the one that counts
+    the most (the largest total; an outer loop of one iteration never advances), else the first."""
+    found = [m for m in _COUNTER.finditer(line) if not m.group("epoch")]
+    if len(found) < 2:
+        return found[0] if found else None
+
+    def total(m: re.Match[str]) -> int:
+        t = m.group("m1") or m.group("m2") or m.group("m3")
+        return int(t) if t else 0
+
+    return max(found, key=lambda m: (total(m), -m.start()))
+
+
+def _metric_pairs(text: str) -> dict[str, float]:
+    """The ``Name: value`` pairs of a line that prints metrics and nothing else (names that say what they
+    measure), or {}."""
+    pairs = list(_PAIR.finditer(text))
+    if not pairs or not _FILLER.match(_LEVEL.sub("", _PAIR.sub(" ", text).lstrip())):
+        return {}
+    out: dict[str, float] = {}
+    for pm in pairs:
+        name = _LEVEL.sub("", pm.group(1).strip())
+        if not _METRIC_WORDS.search(name):
+            continue
+        raw = pm.group(2)
+        try:
+            out[name] = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        except ValueError:
+            continue
+    return out
+
+
+def _step_lines(text: str, limit: int | None = None,
+                loose: list[tuple[int, dict[str, float]]] | None = None,
+                where: list[int] | None = None,
+                ) -> list[tuple[tuple[Any, ...], int, int | None, int | None, dict[str, float]]]:
+    """``(family, n, total, epoch, metrics)`` of every line with a step counter and a number pair; with
+    ``loose``, the lines that print metrics alone (``Average Reward: 0.71`` between the step lines) go there as
+    ``(line number, metrics)``, and each step line's number goes to ``where``."""
     out = []
-    for line in re.split(r"[\r\n]+", text):
+    for lineno, line in enumerate(re.split(r"[\r\n]+", text)):
         if "\x1b" in line:
             line = strip_ansi(line)
         if len(line) > 20000 or not any(c.isdigit() for c in line):
             continue
-        counter = None
-        for m in _COUNTER.finditer(line):
-            if m.group("epoch"):
-                continue
-            counter = m
-            break
+        counter = _counter(line)
         if counter is None:
+            if loose is not None and len(line) <= 2000:
+                found = _metric_pairs(line)
+                if found:
+                    loose.append((lineno, found))
             continue
         n = int(counter.group("n1") or counter.group("n2") or counter.group("n3"))
         total_s = counter.group("m1") or counter.group("m2") or counter.group("m3")
@@ -605,13 +642,42 @@ def _step_lines(text: str, limit: int | None = None) -> list[tuple[tuple[Any, ..
         word = (counter.group("word") or "").strip(" :=#").lower()
         family = (kind, word, total, tuple(sorted(metrics)))
         out.append((family, n, total, epoch, metrics))
+        if where is not None:
+            where.append(lineno)
         if limit and len(out) >= limit:
             break
     return out
 
 
+def _attach_loose(lines: list[Any], at: list[int], loose: list[tuple[int, dict[str, float]]]) -> tuple[int, str]:
+    """Metrics printed on lines of their own beside each step line (``Average Reward: 0.71`` then
+    ``Step 1/500, loss: 0.0``) join that step line: the one after them where they come first in the log, else
+    the one before. ``at`` holds the step lines' line numbers, ``loose`` the others' with their metrics. Only
+    names no step line prints itself, and only where they come about once per step line. Returns how many
+    joined and which way."""
+    if not loose or not lines:
+        return 0, ""
+    own = {k for *_, m in lines for k in m}
+    loose = [(i, {k: v for k, v in m.items() if k not in own}) for i, m in loose]
+    loose = [(i, m) for i, m in loose if m and at[0] - 2 * (at[-1] - at[0]) // max(1, len(at)) <= i]
+    if not (0.5 * len(lines) <= len(loose) <= 1.5 * len(lines)):
+        return 0, ""
+    import bisect
+
+    after = loose[0][0] < at[0]  # printed ahead of the first step line: each belongs to the next one
+    joined = 0
+    for i, m in loose:
+        k = bisect.bisect_right(at, i) if after else bisect.bisect_left(at, i) - 1
+        if 0 <= k < len(lines):
+            lines[k][4].update({n: v for n, v in m.items() if n not in lines[k][4]})
+            joined += 1
+    return joined, "after" if after else "before"
+
+
 def read_step_lines(path: Path, text: str, logging_steps: int | None = None) -> Source:
-    lines = _step_lines(text)
+    loose: list[tuple[int, dict[str, float]]] = []
+    where: list[int] = []
+    lines = _step_lines(text, loose=loose, where=where)
     if not lines:
         blocks = _metric_blocks(text)
         if len(blocks) >= _MIN_BLOCKS:
@@ -625,6 +691,7 @@ def read_step_lines(path: Path, text: str, logging_steps: int | None = None) -> 
         counts[loop] = counts.get(loop, 0) + 1
     loop = max(counts, key=lambda f: counts[f])
     chosen = [x for x in lines if x[0][:3] == loop]
+    joined, way = _attach_loose(chosen, [w for x, w in zip(lines, where) if x[0][:3] == loop], loose)
     other = len(lines) - len(chosen)
     src = Source(path=path, format="console")
     table = StepTable()
@@ -657,6 +724,8 @@ def read_step_lines(path: Path, text: str, logging_steps: int | None = None) -> 
             f"{path}: read the {len(chosen)} lines of the most frequent step counter; "
             f"{other} line(s) of other counters (another phase, an evaluation) left out"
         )
+    if joined:
+        src.warnings.append(f"{path}: {joined} line(s) printing metrics alone joined the step line {way} them")
     finish(src, table, "lines")
     src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
     return src

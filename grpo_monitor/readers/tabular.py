@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 from grpo_monitor.core.jsonparse import loads
 from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize
 from grpo_monitor.readers._base import (
+    COUNTER_NAME,
     STEP_FIELDS,
     Normalizer,
     Probe,
@@ -60,6 +62,7 @@ def read_jsonl(path: Path) -> Source:
     table = StepTable()
     norm = Normalizer(drop=SUMMARY_KEYS)
     no_step = 0
+    held_out = 0
     shapes: dict[tuple[Any, ...], str | None] = {}
     for lineno, rec in records:
         if not isinstance(rec, dict):
@@ -82,11 +85,18 @@ def read_jsonl(path: Path) -> Source:
         step = as_step(value)
         if step is None:
             raise SourceError(path, f"'{key}' is {_short(value)}, expected an integer step", lineno)
+        if held_out_record(rec):
+            metrics_of = _as_held_out(metrics_of)
+            held_out += 1
+        elif key not in STEP_FIELDS:
+            metrics_of = {k: v for k, v in metrics_of.items() if k != key}
         table.add(step, norm(metrics_of))
     if not len(table):
         raise SourceError(path, f"no line has a step field ({', '.join(STEP_FIELDS)})")
     if no_step:
         src.warnings.append(f"{path}: skipped {no_step} line(s) without a step field")
+    if held_out:
+        src.warnings.append(f"{path}: {held_out} evaluation record(s) (their type says so) read as held-out metrics")
     finish(src, table, "lines")
     src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
     return src
@@ -126,12 +136,43 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
 
 def _step_field(rec: dict[str, Any], inner: dict[str, Any] | None = None) -> tuple[str | None, Any]:
     """The best step field with a value and that value; ``inner`` (a nested dict) wins over
-    ``rec`` for a field both hold, as it does when the record is flattened."""
+    ``rec`` for a field both hold, as it does when the record is flattened. A trainer's own counter
+    (``grpo_step``) counts where none of the usual fields is there."""
     for key in STEP_FIELDS:
         v = inner[key] if inner is not None and key in inner else rec.get(key)
         if v is not None:
             return key, v
+    for d in (inner, rec):
+        for key, v in (d or {}).items():
+            if v is not None and isinstance(key, str) and COUNTER_NAME.match(key.lower()):
+                return key, v
     return None, None
+
+
+# A record's kind, where a trainer writes rollouts and evaluations to one file: ``{"type": "eval", ...}``.
+_KIND_FIELDS = ("type", "split", "phase", "mode", "kind")
+_EVAL_KINDS = frozenset({"eval", "evaluation", "val", "valid", "validation", "test", "heldout", "held_out"})
+
+
+def held_out_record(rec: Mapping[str, Any]) -> bool:
+    """A record a trainer marks as an evaluation (``"type": "eval"``, ``"split": "validation"``)."""
+    for key in _KIND_FIELDS:
+        v = rec.get(key)
+        if isinstance(v, str):
+            return v.strip().lower() in _EVAL_KINDS
+    return False
+
+
+def _as_held_out(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """An evaluation record's metrics under held-out names (``accuracy`` -> ``eval_accuracy``), step fields and
+    the record's kind left out; names already held-out stay."""
+    out: dict[str, Any] = {}
+    for k, v in metrics.items():
+        if not isinstance(k, str) or k in _KIND_FIELDS or step_rank(k) is not None:
+            continue
+        low = k.lower()
+        out[k if low.startswith(("eval", "val", "test")) else f"eval_{k}"] = v
+    return out
 
 
 def _short(value: Any) -> str:

@@ -58,7 +58,6 @@ def replay_source(path: str | Path, warnings: list[str] | None = None) -> list[d
 
     Raises ``monitor.sources.SourceError`` (one line) when the path is not a readable log.
     """
-    from grpo_monitor.core.engine import Engine
     from grpo_monitor.readers import load_source
 
     src = load_source(path)
@@ -89,23 +88,21 @@ def replay_source(path: str | Path, warnings: list[str] | None = None) -> list[d
         if run.summary:
             records.append(dict(run.summary))
         return records
-    from grpo_monitor.core.recommend import Recommender
+    from grpo_monitor.analysis.report import names_with_values, prepare_names, replay_session, session_coverage
 
-    engine = Engine(ctx)
-    recommender = Recommender(ctx.config, is_moe=ctx.is_moe)
-    samples = src.samples if isinstance(src.samples, Mapping) else {}
-    for step, metrics in src.steps:
-        batch = samples.get(step)
-        findings = engine.update(step, metrics, batch)
-        states = {k: str(v.get("state")) for k, v in engine.states().items()}
-        records.append({"type": "step", "step": int(step), "metrics": dict(metrics), "detectors": states})
+    src, logged = prepare_names(src)
+    records[0]["reward_funcs"] = list(src.context.reward_names)
+
+    def each(step: int, metrics: Mapping[str, Any], batch: Any, out: Any) -> None:
+        records.append({"type": "step", "step": int(step), "metrics": dict(metrics), "detectors": dict(out.states)})
         for s in batch or ():
             records.append({"type": "sample", "step": int(step), **s})
-        records += [{"type": "finding", **f.to_dict()} for f in findings]
-        for f in findings:  # the same recommendations the live monitor and `analyze` give
-            rec = recommender(f.to_dict())
-            if rec is not None:
-                records.append(rec)
+        records.extend({"type": "finding", **f.to_dict()} for f in out.findings)
+        records.extend(out.recommendations)  # the same recommendations the live monitor and `analyze` give
+
+    session = replay_session(src, each=each)
+    # What could judge the run, as `analyze` reports it: the board shows a detector without its inputs as such.
+    records.append({"type": "coverage", "coverage": session_coverage(session, src, names_with_values(src.steps, logged))})
     return records
 
 

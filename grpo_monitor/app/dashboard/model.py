@@ -25,6 +25,8 @@ from grpo_monitor.detectors.numbers import finite, number_or_nan
 
 _REWARD_MEAN = re.compile(r"^rewards/(.+)/mean$")
 MOE_CAP = 4096  # load records kept for the heatmap; beyond it older ones are thinned by half
+# How the board shows a detector that could not judge the run (``Engine.coverage`` statuses).
+COVERAGE_SHOWN = {"not_applicable": "not applicable", "missing_inputs": "cannot judge", "too_few_points": "warming_up"}
 SAMPLES_CAP = 200_000  # sample records held in memory (replayed logs); run directories are indexed
 STEP_CACHE = 8  # steps of samples kept parsed, for moving back and forth between them
 WARNINGS_KEPT = 200  # the newest warnings kept for the screen; all are counted
@@ -125,6 +127,8 @@ class RunModel:
         self.moe_steps: list[int] = []
         self.moe_load: list[np.ndarray] = []
         self.source_format: str | None = None  # set for logs that are not a run directory
+        # A replayed log's coverage as ``analyze`` computed it (``coverage`` record); None while following a run.
+        self.replayed_coverage: dict[str, dict[str, Any]] | None = None
         self.sample_version = 0
 
     # -- reading -----------------------------------------------------------------------------
@@ -208,25 +212,32 @@ class RunModel:
         return None
 
     def coverage(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
-        """Which detectors can judge what the run logs (``analysis.coverage_from_states``, as ``analyze``
-        reports it) and the metric names holding a value; recomputed only when the logged names, the
-        detectors' states or the segments change."""
+        """Which detectors can judge what the run logs, as ``analyze`` reports it, and the metric names holding
+        a value: a replayed log's own coverage (the session that replayed it computed it), else
+        ``analysis.coverage_from_states`` over a followed run's recorded states; recomputed only when the
+        logged names, the detectors' states or the segments change."""
         names = list(self.store.names)
-        key = (tuple(names), tuple(sorted(self.detector_states.items())), len(self.headers))
+        key = (tuple(names), tuple(sorted(self.detector_states.items())), len(self.headers),
+               self.replayed_coverage is not None)
         cached = getattr(self, "_coverage", None)
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-        from grpo_monitor.analysis.report import coverage_from_states
-
         found = [n for n in names if self.latest_metric(n) is not None]
-        cov = coverage_from_states(self.header, found, self.detector_states)
+        if self.replayed_coverage is not None:
+            cov = self.replayed_coverage
+        else:
+            from grpo_monitor.analysis.report import coverage_from_states
+
+            cov = coverage_from_states(self.header, found, self.detector_states,
+                                      has_samples=bool(self.sample_indexes or self.mem_samples))
         self._coverage = (key, cov, found)
         return cov, found
 
     def shown_state(self, detector: str) -> str:
-        """A detector's state as the board shows it: ``not applicable`` where it cannot apply to this
-        run (MoE instability on a dense model, the rollout mismatch without an inference engine's
-        metrics), whatever state it records (ok, or warming up for good); else its recorded state.
+        """A detector's state as the board shows it: where it could not judge the run (``not applicable``:
+        MoE instability on a dense model, the rollout mismatch without an inference engine's metrics;
+        ``cannot judge``: its inputs are not logged) whatever state it records (ok, or warming up for good),
+        the coverage says so, as ``analyze`` does; else its recorded state.
 
         >>> m = RunModel()
         >>> _ = m.ingest([{"type": "header", "model": {"is_moe": False}},
@@ -241,8 +252,9 @@ class RunModel:
                 cov, _ = self.coverage()
             except Exception:  # the board draws whatever the coverage check makes of an odd log
                 return state
-            if cov.get(detector, {}).get("status") == "not_applicable":
-                return "not applicable"
+            status = cov.get(detector, {}).get("status")
+            if status in COVERAGE_SHOWN:
+                return COVERAGE_SHOWN[status]
         return state
 
     def metric_names(self, prefix: str) -> list[str]:
@@ -319,6 +331,9 @@ class RunModel:
             elif kind == "summary":
                 self.summary = dict(rec)
                 changed.add("header")
+            elif kind == "coverage" and isinstance(rec.get("coverage"), Mapping):
+                self.replayed_coverage = {str(k): dict(v) for k, v in rec["coverage"].items() if isinstance(v, Mapping)}
+                changed.add("detectors")
             elif kind == "note":
                 self.notes.append(dict(rec))
                 changed.add("notes")

@@ -24,7 +24,9 @@ class DetectorPanel(Vertical):
 
     def on_mount(self) -> None:
         board = self.query_one("#board", DataTable)
-        board.add_columns("detector", "state", "severity", "step", "onset", "latest evidence")
+        # "last finding": the severity of the latest finding the detector raised, which its state outlives
+        # once the episode ends ("cleared").
+        board.add_columns("detector", "state", "last finding", "step", "onset", "latest evidence")
         table = self.query_one("#findings", DataTable)
         table.add_columns("step", "onset", "severity", "detector", "variant", "message")
         self._model: RunModel | None = None
@@ -45,10 +47,11 @@ class DetectorPanel(Vertical):
             f = latest.get(d)
             sev = str(f.get("severity")) if f else ""
             onset = f.get("onset_step") if f else None
+            shown_sev = f"{sev} (cleared)" if sev and sev != "info" and state != sev else sev
             board.add_row(
                 Text(visible(d)),
                 Text(visible(state), style=role_style(app, STATE_ROLE.get(state, "muted"), bold=state == "critical")),
-                Text(sev, style=role_style(app, sev or "muted")),
+                Text(shown_sev, style=role_style(app, "muted" if shown_sev != sev else (sev or "muted"))),
                 Text(short(f.get("step")) if f else ""),
                 Text(short(onset) if onset is not None else ""),
                 one_line(evidence_text(f.get("evidence")) if f else ""),

@@ -41,7 +41,7 @@ def role_style(app: App[Any], role: str, bold: bool = False) -> Style:
 
 
 STATE_ROLE = {"ok": "ok", "warming_up": "muted", "warning": "warning", "critical": "critical", "disabled": "muted",
-              "not applicable": "muted"}
+              "not applicable": "muted", "cannot judge": "muted"}
 
 
 def short(value: Any) -> str:
