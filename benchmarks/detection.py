@@ -2,14 +2,15 @@
 
 The labelled set is every synthetic case (``fixtures.synthetic``) at ``logging_steps`` 1 and 10
 over several seeds, plus the public runs in ``../shared/real-runs`` (with ``labels.json``). Each
-run is replayed through ``monitor.engine.Engine`` with every detector, and through rlwatch's
+run is replayed through the session every driver uses (``core.session``: every detector and the diagnosis), and
+through rlwatch's
 manual API (``rlwatch.attach(framework="manual").log_step``) with its default configuration and
 the metric mapping of its own TRL callback.
 
-Scores: detection (the expected detector raised a warning/critical), in time (first raised at or
-before the labelled failure step), variant correct, false-alarm runs (any warning/critical on a
-healthy run), unexpected alarms on failure runs, delay (first flag minus failure step, in steps
-and in logged points). rlwatch has no detector ids of ours, so any of its alerts on a failure run
+Scores, by the one judge (``fixtures.judge``, the semantics of ``../shared/tools/evaluate.py``): detection (an
+expected detector raised a warning/critical), variant correct, false-alarm runs (a warning/critical outside the
+label's ``allow`` on a healthy run); and beside them in time (first raised at or before the labelled failure step),
+unexpected alarms on failure runs, delay (first flag minus failure step, in steps and in logged points). rlwatch has no detector ids of ours, so any of its alerts on a failure run
 counts as a detection (lenient), and its variant counts as correct only when its advice names
 the expected variant.
 
@@ -55,6 +56,8 @@ from benchmarks.results import RESULTS, stamp, update_section
 from grpo_monitor.detectors import ALL_DETECTORS
 from grpo_monitor.fixtures.synthetic import CASES, FAILURES, HEALTHY, generate
 from grpo_monitor.core.engine import Engine
+from grpo_monitor.core.session import open_session
+from grpo_monitor.fixtures.judge import judge
 
 # ../shared beside the checkout; GRPO_MONITOR_SHARED points elsewhere (as for the tests).
 REAL = Path(os.environ.get("GRPO_MONITOR_SHARED") or ROOT.parent / "shared") / "real-runs"
@@ -128,10 +131,10 @@ def load_cases(seeds: int) -> list[Case]:
 
 
 def run_ours(case: Case) -> Outcome:
-    engine = Engine(case.context, [cls() for cls in ALL_DETECTORS])
+    session = open_session(case.context)
     for step, metrics in case.steps:
-        engine.update(step, metrics, case.samples.get(step, []))
-    return Outcome([(f.detector, f.severity, f.step, f.variant, f.message) for f in engine.findings if f.severity in ALARM])
+        session.update(step, metrics, case.samples.get(step, []))
+    return Outcome([(f.detector, f.severity, f.step, f.variant, f.message) for f in session.findings if f.severity in ALARM])
 
 
 def rlwatch_kwargs(metrics: dict) -> dict:
@@ -175,25 +178,36 @@ def score(case: Case, out: Outcome, ours: bool) -> dict:
     labels = case.labels
     expect = labels.get("expect") or []
     res: dict[str, Any] = {"healthy": not expect}
+    if ours:
+        # The one judge: any expected detector counts, the variant on any of them; allowed alarms are no false alarm.
+        v = judge(labels, [{"detector": a[0], "severity": a[1], "step": a[2], "variant": a[3]} for a in out.alarms])
+        if not expect:
+            res["false_alarm"] = v.kind == "false"
+            return res
+        res["variant_named"] = labels.get("variant") is not None
+        res["detected"] = v.kind == "hit"
+        res["in_time"] = v.kind == "hit" and v.in_time
+        res["variant_ok"] = v.kind == "hit" and v.variant_ok
+        res["unexpected"] = v.others
+        if v.kind == "hit" and v.delay is not None:
+            res["delay_steps"] = v.delay
+            res["delay_points"] = v.delay / max(case.logging_gap, 1.0)
+        return res
     if not expect:
         res["false_alarm"] = bool(out.alarms)
         return res
-    exp = expect[0]
+    # rlwatch has no detector ids of ours: any of its alerts counts, its variant only when its advice names it.
     res["variant_named"] = labels.get("variant") is not None
-    hits = [a for a in out.alarms if a[0] == exp] if ours else list(out.alarms)
+    hits = list(out.alarms)
     res["detected"] = bool(hits)
     if hits:
         first = hits[0]
         res["delay_steps"] = first[2] - labels["fail"]
         res["delay_points"] = res["delay_steps"] / max(case.logging_gap, 1.0)
         res["in_time"] = first[2] <= labels["fail"]
-        variant = first[3] if ours else advice_variant(first[4])
-        res["variant_ok"] = variant == labels.get("variant")
+        res["variant_ok"] = advice_variant(first[4]) == labels.get("variant")
     else:
         res.update(in_time=False, variant_ok=False)
-    if ours:
-        tolerated = set(expect) | set(labels.get("allow") or [])
-        res["unexpected"] = sorted({a[0] for a in out.alarms if a[0] not in tolerated})
     return res
 
 
@@ -230,7 +244,8 @@ def stationary_stream(n: int):
 
 def measure_cost(history: int, rlwatch, log_dir: str, window: int = 1000) -> dict:
     ctx = generate("healthy_fast_drop", seed=0, logging_steps=1, with_samples=False).context
-    engine = Engine(ctx, [cls() for cls in ALL_DETECTORS])
+    # The session's update: every detector, the cost and forecast annotators, the diagnosis and the recommender.
+    engine = open_session(ctx)
     mon = new_rlwatch(rlwatch, log_dir, "cost") if rlwatch else None
     early = (1000, 1000 + window)
     late = (history - window, history)
@@ -255,7 +270,7 @@ def measure_cost(history: int, rlwatch, log_dir: str, window: int = 1000) -> dic
     # The same history followed by sample batches (32 completions per step, as the reward tap sends).
     samples_t: dict[str, list[float]] = {}
     for name, warm in (("early", 1000), ("late", history - window)):
-        eng = Engine(ctx, [cls() for cls in ALL_DETECTORS])
+        eng = open_session(ctx)
         stream = stationary_stream(warm + window)
         for step, metrics, batch in stream:
             if step <= warm:
@@ -318,8 +333,10 @@ def render(ours: dict, rlw: dict | None, per_case: list[tuple[Case, dict, dict |
     ]
     targets = []
     all_variants = all(r.get("variant_ok") for _, r, _ in per_case if not r["healthy"])
-    targets.append(("all labelled cases pass (detected in time, variant right, no unexpected alarm)",
-                    ours["in_time"] == ours["failure_runs"] and all_variants and ours["unexpected_alarm_runs"] == 0))
+    targets.append(("every labelled failure found with its variant (fixtures.judge)",
+                    ours["detected"] == ours["failure_runs"] and all_variants))
+    targets.append(("every failure in time with no unexpected alarm",
+                    ours["in_time"] == ours["failure_runs"] and ours["unexpected_alarm_runs"] == 0))
     targets.append(("no false alarm on healthy runs", ours["false_alarm_runs"] == 0))
     targets.append(("median delay ≤ 0", ours["median_delay_steps"] is not None and ours["median_delay_steps"] <= 0))
     if rlw:

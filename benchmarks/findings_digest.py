@@ -1,5 +1,6 @@
 """Every finding (and each detector's state at every step) over every labelled synthetic case, as JSON:
-the check that a change made for speed changed no behaviour.
+the check that a change made for speed changed no behaviour. Per case: the detectors' own findings, their states,
+the detectors switched off, and the findings as the diagnosis leaves them (``core.diagnosis``: what users see).
 
     python benchmarks/findings_digest.py OUT.json [--only id,id] [--seeds 2]
     diff <(python -m json.tool A.json) <(python -m json.tool B.json)
@@ -16,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo_monitor.detectors import ALL_DETECTORS  # noqa: E402
 from grpo_monitor.fixtures.synthetic import CASES, generate  # noqa: E402
+from grpo_monitor.core.diagnosis import Diagnosis  # noqa: E402
 from grpo_monitor.core.engine import Engine  # noqa: E402
 
 
@@ -30,11 +32,14 @@ def digest(only: set[str] | None, seeds: int) -> dict[str, list]:
                 # Detector behaviour alone: the cost and forecast annotations are left off (they are checked
                 # by their own tests and reported by benchmarks/detection.py).
                 eng = Engine(run.context, dets, annotators=())
-                states = []
+                diagnosis = Diagnosis(run.context)
+                states, diagnosed = [], []
                 for step, m in run.steps:
-                    eng.update(step, m, run.samples.get(step, []))
+                    raised = eng.update(step, m, run.samples.get(step, []))
+                    diagnosed += diagnosis.review(raised, step, m, eng)
                     states.append([d.state for d in dets])
-                out[f"{name}/{ls}/{seed}"] = [[f.to_dict() for f in eng.findings], states, sorted(eng.disabled)]
+                out[f"{name}/{ls}/{seed}"] = [[f.to_dict() for f in eng.findings], states, sorted(eng.disabled),
+                                              [f.to_dict() for f in diagnosed]]
     return out
 
 

@@ -23,6 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from grpo_monitor.fixtures.judge import judge as one_judge  # noqa: E402
 from benchmarks.results import stamp, update_section  # noqa: E402
 from grpo_monitor.analysis.report import analyze  # noqa: E402
 
@@ -111,22 +112,15 @@ def labels() -> dict[str, dict[str, Any]]:
 
 
 def judge(lab: dict[str, Any] | None, alarms: list[Any]) -> dict[str, Any]:
-    """A labelled run against its label: an expected detector raised in time, with the right variant, and no
-    alarm outside what the label expects, allows or ignores."""
+    """A labelled run against its label, by the one judge (``fixtures.judge``, ``evaluate.py``'s semantics)."""
     if lab is None:
         return {"label": "unlabelled"}
-    expect = list(lab.get("expect") or [])
-    tolerated = set(expect) | set(lab.get("allow") or []) | set(lab.get("ignore") or [])
-    unexpected = sorted({f.detector for f in alarms if f.detector not in tolerated})
-    if not expect:
-        return {"label": "healthy", "false_alarm": bool(alarms), "unexpected": sorted({f.detector for f in alarms})}
-    hits = [f for f in alarms if f.detector in expect]
-    first = min(hits, key=lambda f: f.step) if hits else None
-    fail = lab.get("fail")
-    return {"label": "failure", "detected": first is not None,
-            "in_time": first is not None and (fail is None or first.step <= fail),
-            "variant_ok": first is not None and (lab.get("variant") is None or first.variant == lab.get("variant")),
-            "unexpected": unexpected, "first": (first.detector, first.step) if first else None}
+    v = one_judge(lab, alarms)
+    if not v.positive:
+        return {"label": "healthy", "false_alarm": v.kind == "false", "unexpected": v.raised}
+    return {"label": "failure", "detected": v.kind == "hit", "in_time": v.kind == "hit" and v.in_time,
+            "variant_ok": v.kind == "hit" and v.variant_ok, "unexpected": v.others,
+            "first": (None if v.kind != "hit" else v.step)}
 
 
 def survey() -> list[dict[str, Any]]:
@@ -162,7 +156,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "variant_ok": sum(r["variant_ok"] for r in fail),
         "unexpected": sum(bool(r["unexpected"]) for r in fail),
         "healthy": sum(r.get("label") == "healthy" for r in read),
-        "healthy_alarmed": sum(r.get("label") == "healthy" and bool(r["alarms"]) for r in read),
+        "healthy_alarmed": sum(r.get("label") == "healthy" and bool(r.get("false_alarm")) for r in read),
         "unlabelled": sum(r.get("label") == "unlabelled" for r in read),
         "unlabelled_alarmed": sum(r.get("label") == "unlabelled" and bool(r["alarms"]) for r in read),
         "quiet_critical": sum(any(a[1] == "critical" for a in r["alarms"]) for r in quiet),

@@ -51,9 +51,10 @@ EXPECTED_VARIANT = {
     "eval_drop": None,
     "kl_pinned": None,
     "device_throttled": None,
+    "extreme_start": None,
 }
 # Detectors whose findings may be information only (a fact about the run, a plateau without a cause).
-MAY_INFORM = {"moe_model_detected", "no_improvement", "device_throttled"}
+MAY_INFORM = {"moe_model_detected", "no_improvement", "device_throttled", "extreme_start"}
 # Runs that make each detector raise something, so the contract checks see real findings.
 TRIGGER = {
     "entropy_collapse": "entropy_collapse",
@@ -81,6 +82,7 @@ TRIGGER = {
     "eval_drop": "k9_validation_drop",
     "kl_pinned": "kl_pinned_adapter_not_applied",
     "device_throttled": "device_thermal_throttling",
+    "extreme_start": "healthy_extreme_first_step",
 }
 METRIC_KEYS = [
     "loss", "grad_norm", "learning_rate", "entropy", "reward", "reward_std", "frac_reward_zero_std",
@@ -216,10 +218,12 @@ def test_state_and_evidence_for_dashboards(cls, trigger_runs):
         seen.add(det.state)
         if det.state == "ok":
             last_severity = None
-    if cls.id != "moe_model_detected":
+    if cls.id not in ("moe_model_detected", "extreme_start"):
         assert seen & {"warning", "critical"}
-    else:
+    elif cls.id == "moe_model_detected":
         assert det.raised
+    else:  # a fact about the run's start: said once, as information, its state stays ok
+        assert det.said and seen <= {"ok", "warming_up"}
 
 
 # --- robustness to anything a log can hold -------------------------------------------------------

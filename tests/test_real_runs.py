@@ -1,14 +1,13 @@
 """The detectors on public GRPO runs (``../shared/real-runs``), against their labels; and every file there
 read and judged by a failure detector, or saying precisely what it lacks (the folders' own notes).
 
-``real-runs/*.trainer_state.json`` are replayed through the engine directly; every run in
+``real-runs/*.trainer_state.json`` are replayed through the session directly; every run in
 ``real-runs/wild/`` (console logs, JSON lists, verl and hand-written console output, W&B, Trinity-RFT,
 prime-rl and Tinker exports, trainer_state.json) goes through ``analyze`` as a user's would: it must
-read, be judged, and raise what its label expects by the label's ``fail`` step with the label's
-variant, and nothing outside ``expect``, ``allow`` and ``ignore``, except, on a failure run only, the
-symptom detectors in ``SYMPTOMS``: the labels name the diagnosis, and a run whose completions are cut at the
-cap while its task reward falls is also a truncation (class K1 of the field catalogue), read earlier. A run
-labelled healthy tolerates nothing.
+read, be judged, and match its label as the one judge (``fixtures.judge``, the semantics of
+``../shared/tools/evaluate.py``) says. The labelled folders (``../shared/labelled-runs`` and the project's own
+``benchmarks/real_runs``, the held-out thirds excepted) must each score as the acceptance asks: nine in ten
+failures found with their variant, at most one false-alarm run, nothing unreadable or unjudged.
 """
 
 from __future__ import annotations
@@ -19,10 +18,10 @@ import re
 import pytest
 
 from grpo_monitor.analysis.report import analyze_one, analyze_run, needs_text
-from grpo_monitor.core.engine import Engine
-from grpo_monitor.detectors import ALL_DETECTORS
+from grpo_monitor.core.session import open_session
+from grpo_monitor.fixtures.judge import Score, judge, judge_folder
 from grpo_monitor.readers import SourceError, load_source
-from tests.conftest import SHARED
+from tests.conftest import ROOT, SHARED
 
 RUNS = SHARED / "real-runs"
 LABELS = json.loads((RUNS / "labels.json").read_text()) if (RUNS / "labels.json").exists() else {}
@@ -32,32 +31,37 @@ NOTEBOOKS = RUNS / "notebooks"
 ALL_FILES = sorted(p for p in RUNS.rglob("*") if p.is_file()) if RUNS.is_dir() else []
 NOTES = {"SOURCES.md", "labels.json"}  # what each folder holds and its labels: not logs
 ALARMS = ("warning", "critical")
-# Detectors of a failure's symptoms (the cut completions, spikes, entropy climb that come with it) that a
-# failure run's label does not list because they do not name its cure.
-SYMPTOMS = {"truncation", "grad_norm_spike", "entropy_rise"}
+# The labelled folders scored as a whole: the shared labelled runs and the project's own (calibration halves only).
+SCORED = [SHARED / "labelled-runs" / "logs", SHARED / "labelled-runs" / "notebooks", ROOT / "benchmarks" / "real_runs" / "made"]
+# The project's collected public runs (calibration half): two known misses stay open (a hand-written log whose per-step
+# rewards are printed as lists, and an entropy collapse whose groups keep their spread; benchmarks/RESULTS.md says why).
+COLLECTED = ROOT / "benchmarks" / "real_runs" / "collected"
 
 
 def _replay(name):
     src = load_source(RUNS / f"{name}.trainer_state.json")
-    engine = Engine(src.context, [cls() for cls in ALL_DETECTORS])
-    for step, metrics in src.steps:
-        engine.update(step, metrics, src.samples.get(step, []))
-    return src, engine.findings
+    session = open_session(src.context)
+    session.replay(src.steps, src.samples)
+    return src, session.findings
 
 
 @pytest.mark.skipif(not LABELS, reason="../shared/real-runs is not available")
 @pytest.mark.parametrize("name", sorted(LABELS))
 def test_real_run_matches_its_label(name):
-    labels = LABELS[name]
     _, findings = _replay(name)
-    alarms = [f for f in findings if f.severity in ALARMS]
-    for expected in labels["expect"]:
-        hits = [f for f in alarms if f.detector == expected]
-        assert hits, f"{expected} not raised"
-        assert hits[0].step <= labels["fail"]
-        assert hits[0].variant == labels["variant"]
-    tolerated = set(labels["expect"]) | set(labels.get("allow", []))
-    assert [(f.detector, f.step) for f in alarms if f.detector not in tolerated] == []
+    verdict = judge(LABELS[name], findings)
+    assert verdict.kind in ("hit", "clean") and (not verdict.positive or verdict.variant_ok), verdict
+
+
+@pytest.mark.parametrize("folder", [pytest.param(f, id=f"{f.parent.name}/{f.name}") for f in SCORED])
+def test_a_labelled_folder_scores_as_the_acceptance_asks(folder):
+    if not (folder / "labels.json").is_file():
+        pytest.skip(f"{folder} is not available")
+    verdicts = judge_folder(folder)
+    score = Score.of([v for _, v in verdicts])
+    lines = "\n".join(v.line(c) for c, v in verdicts if v.kind not in ("clean",))
+    assert score.hits >= 0.9 * score.positives and score.variant_ok >= 0.9 * score.positives, f"{score.line()}\n{lines}"
+    assert score.false_alarms <= 1 and not score.errors and not score.unjudged, f"{score.line()}\n{lines}"
 
 
 @pytest.mark.skipif(not LABELS, reason="../shared/real-runs is not available")
@@ -71,7 +75,18 @@ def test_short_degenerate_episode_recovers_and_the_late_one_is_raised_again():
 @pytest.mark.skipif(not LABELS, reason="../shared/real-runs is not available")
 def test_healthy_run_with_falling_length_and_no_entropy_stays_quiet():
     _, findings = _replay("abdo_gemma3_grpo")
-    assert findings == []
+    assert [f for f in findings if f.severity in ALARMS] == []
+    # Its two format rewards (the strict and soft regexes) never pay, said as information: the correctness carries it.
+    (bug,) = [f for f in findings if f.detector == "reward_function_bug"]
+    assert {c["component"] for c in bug.evidence["components"]} == {"soft_format_reward_func", "strict_format_reward_func"}
+
+
+def test_the_collected_runs_raise_no_false_alarm_and_find_three_failures_in_four():
+    verdicts = judge_folder(COLLECTED)
+    score = Score.of([v for _, v in verdicts])
+    lines = "\n".join(v.line(c) for c, v in verdicts if v.kind != "clean")
+    assert score.hits >= 0.75 * score.positives and score.variant_ok == score.hits, f"{score.line()}\n{lines}"
+    assert score.false_alarms == 0 and not score.errors and not score.unjudged, f"{score.line()}\n{lines}"
 
 
 @pytest.mark.skipif(not WILD_LABELS, reason="../shared/real-runs/wild is not available")
@@ -81,17 +96,9 @@ def test_wild_run_reads_and_its_label_holds(name):
     report = analyze_one(WILD / label["file"])
     assert report.steps > 0 and report.file.endswith(label["file"])
     assert report.verdict != "cannot_judge", report.not_judged
-    ignored = set(label.get("ignore", []))
-    alarms = [f for f in report.findings if f.severity in ALARMS and f.detector not in ignored]
-    summary = [(f.detector, f.severity, f.step, f.variant) for f in alarms]
-    if label["expect"]:
-        # Several expected detectors: each sees the same failure, so any one raised in time counts.
-        fail = label.get("fail")
-        hits = [f for f in alarms if f.detector in label["expect"] and (fail is None or f.step <= fail)]
-        assert hits, f"none of {label['expect']} raised by step {fail}: {summary}"
-        assert any(f.variant == label["variant"] for f in hits), f"variant {label['variant']} expected: {summary}"
-    tolerated = set(label["expect"]) | set(label.get("allow", [])) | (SYMPTOMS if label["expect"] else set())
-    assert [s for s in summary if s[0] not in tolerated] == []
+    verdict = judge(label, report.findings)
+    summary = [(f.detector, f.severity, f.step, f.variant) for f in report.findings if f.severity in ALARMS]
+    assert verdict.kind in ("hit", "clean") and (not verdict.positive or verdict.variant_ok), (verdict, summary)
 
 
 @pytest.mark.skipif(not ALL_FILES, reason="../shared/real-runs is not available")

@@ -518,6 +518,9 @@ def run_status(src: Any) -> tuple[str | None, str]:
     loss = write_loss(src)
     if loss is not None and (loss.steps or loss.records.get("summary") or loss.uncounted):
         return "incomplete", loss.line(len(src.steps)) + "; the findings cover the steps in the log"
+    halt = next((n for n in reversed(getattr(run, "notes", None) or []) if n.get("event") == "stopped"), None)
+    if halt is not None:  # auto-restart stopped it on a finding no configuration change cures
+        return "stopped", f"{halt.get('message')}; next: {halt.get('advice')}"
     if getattr(run, "summary", None) is not None:
         return None, ""
     if getattr(run, "restarts", None):

@@ -33,7 +33,7 @@ from grpo_monitor.callbacks.device_health import DeviceHealth
 from grpo_monitor.callbacks.model_facts import model_facts
 from grpo_monitor.callbacks.options import DeviceOptions, RestartOptions, RouterOptions, SampleOptions, SegmentPlace
 from grpo_monitor.callbacks.rank_exchange import RankExchange
-from grpo_monitor.callbacks.restart_policy import RestartPolicy
+from grpo_monitor.callbacks.restart_policy import Halt, RestartPolicy
 from grpo_monitor.callbacks.reward_tap import RewardTap
 from grpo_monitor.callbacks.tensorboard_mirror import TensorBoardMirror
 from grpo_monitor.core.device import combine_ranks
@@ -371,6 +371,11 @@ class MonitorCallback(TrainerCallback):
             self.report_error("auto-restart", exc)
         plan = RankExchange.agree(plan)
         if plan is None:
+            return
+        if isinstance(plan, Halt):
+            note = self.restarts.halt(plan, control, bool(state.is_world_process_zero))
+            if state.is_world_process_zero and self.writer is not None:
+                self.writer.write(note)
             return
         record = self.restarts.stop(plan, control, self.run_dir if state.is_world_process_zero else None)
         if state.is_world_process_zero:

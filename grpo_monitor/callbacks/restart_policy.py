@@ -1,8 +1,13 @@
 """Auto-restart: on a confirmed finding whose recommended change is new to the lineage, stop the run (on
-every rank at the same step), checkpoint, and write the restart plan the next segment starts from."""
+every rank at the same step), checkpoint, and write the restart plan the next segment starts from.
+
+A confirmed finding no configuration change cures (a reward function that never pays, an engine fault, a task
+already solved) stops the run too, with the reason and what the run has cost so far, and no plan: training on
+to ``max_steps`` would only spend compute, and no restart can do better. The lineage ends there."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -13,6 +18,34 @@ from grpo_monitor.core.recommend import recommend
 from grpo_monitor.core.restart import RestartPlan, choose_checkpoint, segment_dir, write_plan
 from grpo_monitor.detectors.base import Finding, RunContext
 
+
+@dataclasses.dataclass(frozen=True)
+class Halt:
+    """A stop without a restart: the finding no configuration change cures, why, what to do instead, and its cost."""
+
+    step: int
+    detector: str
+    severity: str
+    reason: str
+    advice: str
+    cost: dict[str, Any]
+
+    def record(self) -> dict[str, Any]:
+        """The run log's note for it (``event: "stopped"``), which ``analyze`` reports as the run's status."""
+        return {"type": "note", "step": self.step, "level": "warning", "event": "stopped", "detector": self.detector,
+                "message": f"stopped by the monitor at step {self.step}: {self.detector} ({self.severity}) has no "
+                           f"configuration cure: {self.reason}", "advice": self.advice, "cost": self.cost}
+
+
+def without_cure(finding: Finding, context: RunContext) -> bool:
+    """A confirmed finding no ``GRPOConfig`` change cures: a critical one with neither a variant nor an override
+    (a reward bug, an engine fault), or a task the diagnosis calls saturated (stopping is the advice itself)."""
+    if finding.detector.startswith("config_") or finding.severity == "info":
+        return False
+    ev = finding.evidence or {}
+    if ev.get("signal") == "saturated" and finding.detector == "no_learning_signal":
+        return True
+    return finding.severity == "critical" and finding.variant is None and not finding.config_overrides
 logger = logging.getLogger("grpo_monitor")
 
 
@@ -25,20 +58,27 @@ class RestartPolicy:
         self.lineage_root = lineage_root
         self.run_id = run_id
         self.plan: RestartPlan | None = None
+        self.halted: Halt | None = None
 
     @property
     def active(self) -> bool:
         """Still watching: asked for, and not decided yet."""
-        return self.options.auto_restart and self.plan is None
+        return self.options.auto_restart and self.plan is None and self.halted is None
 
-    def decide(self, args: Any, state: Any, findings: list[Finding], context: RunContext) -> RestartPlan | None:
-        """The plan for the first finding whose recommendation is a change not yet tried, within the budget."""
-        if self.place.restarts_done >= self.options.max_restarts:
-            return None
+    def decide(self, args: Any, state: Any, findings: list[Finding], context: RunContext) -> RestartPlan | Halt | None:
+        """The plan for the first finding whose recommendation is a change not yet tried, within the budget; else a
+        halt for the first confirmed finding no change cures; else None (train on)."""
+        if self.place.restarts_done < self.options.max_restarts:
+            for f in findings:
+                rec = recommend(f.to_dict(), context.config, is_moe=context.is_moe, tried=list(self.place.tried))
+                if rec is not None:
+                    return self._plan(args, state, f, rec)
         for f in findings:
-            rec = recommend(f.to_dict(), context.config, is_moe=context.is_moe, tried=list(self.place.tried))
-            if rec is not None:
-                return self._plan(args, state, f, rec)
+            if without_cure(f, context):
+                ev = f.evidence or {}
+                return Halt(step=int(state.global_step), detector=f.detector, severity=f.severity, reason=f.message,
+                            advice=str(ev.get("advice") or "fix what the finding names, then start a new run"),
+                            cost=dict(ev.get("cost") or {}))
         return None
 
     def _plan(self, args: Any, state: Any, finding: Finding, rec: dict[str, Any]) -> RestartPlan:
@@ -66,6 +106,20 @@ class RestartPolicy:
             next_output_dir=str(Path(base_output) / f"segment-{nxt}") if base_output else None,
             restarts_done=place.restarts_done + 1,
         )
+
+    def halt(self, halt: Halt, control: Any, main: bool) -> dict[str, Any]:
+        """Stop with a checkpoint and no plan; on the main process say why and what it cost. The note to write."""
+        self.halted = halt
+        control.should_training_stop = True
+        control.should_save = True
+        if main:
+            from grpo_monitor.core.cost import cost_phrase
+
+            spent = cost_phrase(halt.cost) if halt.cost else ""
+            logger.warning("grpo-monitor: stopping at step %d without a restart: %s (%s) has no configuration cure. %s%s "
+                           "Next: %s", halt.step, halt.detector, halt.severity, halt.reason,
+                           f" Cost so far: {spent}." if spent else "", halt.advice)
+        return halt.record()
 
     def stop(self, plan: RestartPlan, control: Any, run_dir: Path | None) -> dict[str, Any]:
         """Stop with a checkpoint (every checkpoint is kept); on the main process (``run_dir`` given) write

@@ -13,9 +13,10 @@ preconditions against what the whole run shows (``core.run_signals``):
   collapse). No signal that rests on truncation alone while the reward still climbs is not "no signal".
 - *A reward component that never varies* costs what it carries: critical when it is the correctness signal (or
   nothing varies), a warning when nothing else carries the learning either, info when another component does.
-- *A fall right after a jump* (the learning rate or the gradient norm) is a learning-rate finding with the
-  last healthy learning rate, not degeneration or an engine fault; *garbage from the first updates* on a run with
-  no inference engine is the updates themselves, not a weight sync.
+- *A fall right after a jump* (the learning rate or the gradient norm), or from the first updates, is a
+  learning-rate finding with the last healthy learning rate (or one a hundred times lower), not degeneration or an
+  engine fault; *garbage from the first updates* on a run with no inference engine is the updates themselves (its
+  advice says so, with the learning rate), not a weight sync.
 - *Format rising while correctness is flat* is not divergence while another task component carries the learning.
 
 A finding whose cause is another failure is raised under that failure's id (``evidence["diagnosis"]`` says which
@@ -67,6 +68,9 @@ class Diagnosis:
         self.emitted: dict[str, tuple[int, set[str]]] = {}
         # Detectors whose latest finding was set aside: their state shows as ok while that episode lasts.
         self.set_aside: set[str] = set()
+        # The latest no-learning-signal finding as raised, while its episode is open and its cause not yet named:
+        # re-judged at every step, since the cause (an entropy that goes on falling) often shows after the symptom.
+        self.undetermined: Finding | None = None
 
     # -- per step ----------------------------------------------------------------------------------
 
@@ -75,6 +79,7 @@ class Diagnosis:
         states = engine.state_names() if engine is not None else {}
         self._close_episodes(states)
         out: list[Finding] = []
+        raised = list(raised) + self._reconsider(raised, step, states)
         for f in raised:
             j = self.judge(f)
             if j is None:
@@ -87,14 +92,31 @@ class Diagnosis:
                 out.append(g)
                 continue
             self.set_aside.discard(f.detector)
+            if f.detector == "no_learning_signal":
+                self.undetermined = f if g.detector == "no_learning_signal" else None
             level = SEVERITY_LEVEL[g.severity]
             held = self.emitted.get(g.detector)
-            if g.detector != f.detector and held is not None and held[0] >= level:
+            if held is not None and held[0] >= level:
                 held[1].add(f.detector)  # the same cause, already raised at this severity in this episode
                 continue
             self._book(g.detector, f.detector, level)
             out.append(g)
         return out
+
+    def _reconsider(self, raised: Sequence[Finding], step: int, states: Mapping[str, str]) -> list[Finding]:
+        """The open no-signal episode again, where its cause is still undetermined: the finding as of this step, when
+        the signals now name a cause (else nothing)."""
+        f = self.undetermined
+        if f is None or any(r.detector == f.detector for r in raised):
+            return []
+        if states.get(f.detector) not in ("warning", "critical"):
+            self.undetermined = None
+            return []
+        j = self._signal_gone(f)
+        if j is None or j.cause in (None, "no_learning_signal") or j.cause in self.emitted:
+            return []
+        self.undetermined = None
+        return [dataclasses.replace(f, step=step)]
 
     def _book(self, cause: str, raiser: str, level: int) -> None:
         held = self.emitted.get(cause)
@@ -133,7 +155,7 @@ class Diagnosis:
             "reward_function_bug": self._reward_bug,
             "reward_component_divergence": self._divergence,
             "broken_generation": self._broken_generation,
-            "entropy_collapse": self._cold_sampler,
+            "entropy_collapse": self._collapse_claim,
             "truncation": self._cut_for_pay,
         }.get(f.detector)
         return rule(f) if rule is not None else None
@@ -148,6 +170,7 @@ class Diagnosis:
         if jump is None or task is None:
             return None
         key, series = task
+        key = self._name(key)
         best, now = series.best, series.recent
         if best is None or now is None or best - now <= max(2.0 * series.spread, 0.1 * abs(best), 1e-9):
             return None  # the reward did not fall: the jump did no visible harm
@@ -177,7 +200,7 @@ class Diagnosis:
         if fall is None:
             return None
         lr = lowered_learning_rate(self.context.config, 100.0)
-        key = fall["metric"]
+        key = self._name(fall["metric"])
         return Judgement("sudden_collapse", "critical" if f.severity == "critical" else f.severity,
                          [f"{fall['metric']} fell from {_r(fall['first'])} at the first logged step to {_r(fall['now'])} within the "
                           "first updates", f"{f.detector} saw what followed"], None,
@@ -191,6 +214,22 @@ class Diagnosis:
                          also=["fp16 overflow, where the run trains in fp16"],
                          extra={"remedy": LOWER_LR, "first_updates": fall, "learning_rate": {
                              "configured": finite((self.context.config or {}).get("learning_rate")), "recommended": lr}})
+
+    def _collapse_claim(self, f: Finding) -> Judgement | None:
+        """An entropy collapse is not one where the sampler was cold (or greedy) from the start, nor where the task
+        is solved (every completion right: the groups are alike because they are right, and the entropy with them)."""
+        cold = self._cold_sampler(f)
+        if cold is not None:
+            return cold
+        if self._solved() and (self.signals.zero_variance_share() or 0.0) >= 0.8:
+            level = self.signals.correct.latest()
+            return Judgement("no_learning_signal", "warning", [f"{self._name(self.signals.correct_key or '')} is at "
+                                                                f"{_r(level)}: the task is solved"],
+                             message=(f"Saturated, not collapsed: {self._name(self.signals.correct_key or '')} is at "
+                                      f"{_r(level)} and the groups score alike because every completion is right; the "
+                                      "entropy fell with the uncertainty. Stop the run or use harder prompts; DAPO would "
+                                      "not add anything here."), extra={"signal": "saturated"})
+        return None
 
     def _cold_sampler(self, f: Finding) -> Judgement | None:
         """An entropy that never fell is not a collapse: low from the first step (under a low sampling temperature,
@@ -238,7 +277,7 @@ class Diagnosis:
                          preset("dr_grpo", self.context.config),
                          (f"The completions grow into the cap because the reward pays for length: {who} rose as the mean "
                           f"length grew from {_r(s.early)} to {_r(s.recent)} tokens, while "
-                          + (f"{correct} did not improve" if correct else "nothing shows the answers improved")
+                          + (f"{self._name(correct)} did not improve" if correct else "nothing shows the answers improved")
                           + ". Raising the cap would feed it: remove or cap that reward (reward_weights, a length penalty) "
                           "and switch to Dr. GRPO, which removes GRPO's length bias."),
                          also=["a cap too short for the task"])
@@ -250,21 +289,23 @@ class Diagnosis:
         conds = list(ev.get("conditions") or [])
         task = sig.task()
         if conds == ["all_truncated"] and task is not None and sig.improving(task[0]):
-            return Judgement(None, "info", [f"{task[0]} still rises", "no group is without reward spread"],
-                             message=(f"Completions are cut at the length cap, but {task[0]} still improves: the groups "
+            return Judgement(None, "info", [f"{self._name(task[0])} still rises", "no group is without reward spread"],
+                             message=(f"Completions are cut at the length cap, but {self._name(task[0])} still improves: the groups "
                                       "still rank their completions, so learning goes on (the truncation detector tells the "
                                       "cut itself)."))
         temp = finite((self.context.config or {}).get("temperature"))
-        if temp is not None and temp <= 0.3 and (sig.entropy_low_from_start() or sig.series["entropy"].seen == 0):
-            return Judgement("no_learning_signal", f.severity, [f"temperature={temp}", "groups score alike from the start"],
-                             None, {"temperature": 1.0}, self._cold_text(temp), extra={"remedy": "raise_temperature"})
+        if temp is not None and temp <= 0.3:
+            # A sampler this cold makes the completions of a group alike on its own: the first cause to remove.
+            return Judgement("no_learning_signal", f.severity, [f"temperature={temp}", "groups score alike"],
+                             None, {"temperature": 1.0}, self._cold_text(temp), extra={"remedy": "raise_temperature"},
+                             also=[] if sig.entropy_low_from_start() else ["an entropy collapse"])
         reward = sig.series["reward"]
         if ("all_truncated" in conds and sig.capped_from_start() and reward.early_vals
                 and max(reward.early_vals) <= 1e-9 and (reward.recent or 0.0) <= 1e-9):
             # Cut before the answer from the first step on, every completion has scored nothing: the cap, not the task,
             # leaves no signal. (A run that scored at first and then ran to the cap broke; it did not outgrow the cap.)
             return self._cap_too_short(f)
-        bug = self._dead_task_reward() if not sig.fell() else None
+        bug = self._dead_task_reward() if not (sig.fell() or sig.all_at_zero_after_paying()) else None
         if bug is not None:
             name, value = bug
             return Judgement("reward_function_bug", "critical",
@@ -274,9 +315,13 @@ class Diagnosis:
                                       "its code or the dataset column it reads (run it on a known-correct completion)."),
                              also=["a task too hard for the model"])
         ratio = sig.entropy_ratio()
-        collapsed_entropy = ratio is not None and ratio <= 0.25
+        greedy = sig.entropy_low_from_start()
+        collapsed_entropy = ratio is not None and ratio <= 0.25 and not greedy
         at_ceiling = self._at_ceiling()
-        if at_ceiling and not collapsed_entropy:
+        solved = self._solved()
+        if at_ceiling and (solved or not collapsed_entropy):
+            # At the ceiling: saturated. With the entropy collapsed too, only a correctness at the top of its
+            # scale (every completion right) says solved rather than collapsed.
             key, level = at_ceiling
             return Judgement("no_learning_signal", "warning", [f"{key} is at the ceiling the run has shown ({_r(level)})"],
                              message=(f"Saturated: {key} is at the ceiling this run has shown ({_r(level)}) and most groups "
@@ -284,6 +329,8 @@ class Diagnosis:
                                       "harder prompts; training on spends compute for nothing."),
                              also=["a collapse onto one answer"] if ratio is None else [],
                              extra={"signal": "saturated"})
+        if greedy and (ratio is None or ratio <= 0.25):
+            return self._cold_sampler(f)
         if sig.grew_into_cap() and "all_truncated" in conds:
             return Judgement("degenerate_long_cot", "critical" if f.severity == "critical" else "warning",
                              ["completions grew into the length cap", "groups carry no reward variance"], "dapo",
@@ -313,7 +360,7 @@ class Diagnosis:
         cap = (self.context.config or {}).get("max_completion_length")
         ok = isinstance(cap, int) and not isinstance(cap, bool) and cap > 0
         new = 2 * cap if ok else None
-        return Judgement("truncation", "critical" if f.severity == "critical" else "warning",
+        return Judgement("no_learning_signal", "critical" if f.severity == "critical" else "warning",
                          ["every completion was cut at the cap from the first step", "groups carry no reward variance"],
                          None, {"max_completion_length": new} if new else {},
                          ("No learning signal because the length cap is too short: every completion has been cut at "
@@ -328,6 +375,7 @@ class Diagnosis:
         if task is None:
             return None
         key, series = task
+        key = self._name(key)
         best, now = series.best, series.recent
         if best is None or now is None:
             return None
@@ -362,12 +410,23 @@ class Diagnosis:
         varying = set(sig.varying_components())
         correct = sig.correctness.name
         # "Never pays": constant at or below 0 (a positive constant pays everything alike: saturated, or free).
-        if correct in comps and correct not in varying and comps[correct].seen >= 8 and comps[correct].recent_vals[-1] <= 0:
+        if correct in comps and correct not in varying and comps[correct].seen >= 4 and comps[correct].recent_vals[-1] <= 0:
             return correct, comps[correct].recent_vals[-1]
-        if not varying and all(s.seen >= 8 for s in comps.values()) and all(s.recent_vals[-1] <= 0 for s in comps.values()):
+        if not varying and all(s.seen >= 4 for s in comps.values()) and all(s.recent_vals[-1] <= 0 for s in comps.values()):
             name = next(iter(comps))
             return name, comps[name].recent_vals[-1]
         return None
+
+    def _solved(self) -> bool:
+        """The correctness, a share in [0, 1], at 0.9 or above now: every completion or nearly all of them right."""
+        s = self.signals.correct
+        now = s.latest()
+        return (self.signals.correct_key is not None and now is not None and now >= 0.9
+                and all(0.0 <= v <= 1.0 for v in s.recent_vals))
+
+    def _name(self, key: str) -> str:
+        """A metric as a message names it: a reward component by its function's name."""
+        return key[len("rewards/"):-len("/mean")] if key.startswith("rewards/") and key.endswith("/mean") else key
 
     def _at_ceiling(self) -> tuple[str, float] | None:
         """The correctness at the ceiling this run has shown, and above where it started (a correctness stuck at its
@@ -381,9 +440,9 @@ class Diagnosis:
             return None
         unit = all(0.0 <= v <= 1.0 for v in s.recent_vals)
         if unit and now >= 0.9:
-            return sig.correct_key, now
+            return self._name(sig.correct_key), now
         if s.at_ceiling() and now > early + max(2.0 * s.spread, 0.05 * abs(early), 1e-9):
-            return sig.correct_key, now
+            return self._name(sig.correct_key), now
         return None
 
     def _reward_bug(self, f: Finding) -> Judgement | None:
@@ -396,7 +455,7 @@ class Diagnosis:
         if kind in ("per_token", "per_prompt", "per_batch"):
             return None
         sig = self.signals
-        if "sudden_collapse" in self.emitted or sig.fell_at_start() is not None:
+        if "sudden_collapse" in self.emitted or sig.fell_at_start() is not None or sig.all_at_zero_after_paying():
             return Judgement(None, "info", ["the policy collapsed: the whole reward fell to its floor"],
                              message=(f"{f.message} Set aside: the policy collapsed (the whole reward fell to "
                                       f"{_r(sig.series['reward'].recent)}), so the policy, not this function, stopped earning it; "
@@ -422,10 +481,27 @@ class Diagnosis:
                                       "reward that needs the exact format pays once the format is learned)."))
         if not varying or (is_task and kind in ("dead_correctness", "dead")):
             return Judgement("reward_function_bug", "critical", ["it is the task's signal" if varying else "nothing else varies"])
+        paying = self._correctness_pays(correct, constant)
+        if not is_task and paying is not None:
+            # A format check that never pays while the correctness does: GRPO learns from the correctness, and this
+            # component adds nothing to any advantage. Worth knowing, not an alarm.
+            return Judgement("reward_function_bug", "info", [f"{paying} pays and varies: it carries the learning"],
+                             message=(f"{f.message} It adds nothing to any advantage; {paying} pays and varies, so the "
+                                      "run learns from it meanwhile."))
         if kind == "free" or not is_task:
             return Judgement("reward_function_bug", "warning" if f.severity != "info" else "info",
                              ["nothing else carries the learning either"])
         return None
+
+    def _correctness_pays(self, correct: str | None, constant: set[str]) -> str | None:
+        """The correctness component, when it varies and its recent median is above zero (it pays some completions
+        and tells them apart); else None."""
+        sig = self.signals
+        if not correct or correct in constant or correct not in sig.varying_components():
+            return None
+        c = sig.components.get(correct)
+        now = c.recent if c is not None else None
+        return correct if now is not None and now > 0 and not sig.correct.falling() else None
 
     def _divergence(self, f: Finding) -> Judgement | None:
         """Format up, correctness flat: not a divergence while another task component carries the learning."""
@@ -450,7 +526,7 @@ class Diagnosis:
             return None
         lr = lowered_learning_rate(self.context.config, 100.0)
         signs = ", ".join(str(s).replace("_", " ") for s in ev.get("signs") or [])
-        return Judgement("sudden_collapse", "critical" if f.severity == "critical" else "warning",
+        return Judgement("broken_generation", "critical" if f.severity == "critical" else "warning",
                          ["garbage within the first updates", "the run samples with the trained model itself (no vLLM)"],
                          None, {"learning_rate": lr} if lr is not None else {},
                          ("The first updates broke the policy: completions turned into one token repeated ("
@@ -459,8 +535,10 @@ class Diagnosis:
                           + (f": restart from the initial model with learning_rate={lr}" if lr is not None else "")
                           + " (an order of magnitude may not be enough); under fp16, use bf16 or fp32."),
                          also=["fp16 overflow"],
-                         extra={"remedy": LOWER_LR, "learning_rate": {
-                             "configured": finite((self.context.config or {}).get("learning_rate")), "recommended": lr}})
+                         extra={"remedy": LOWER_LR, "advice": ("The run samples with the trained model itself: lower the "
+                                                                "learning rate (or train in bf16/fp32, not fp16)."),
+                                "learning_rate": {"configured": finite((self.context.config or {}).get("learning_rate")),
+                                                  "recommended": lr}})
 
     # -- building the diagnosed finding ---------------------------------------------------------
 

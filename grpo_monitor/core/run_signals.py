@@ -92,6 +92,11 @@ class Series:
     def recent(self) -> float | None:
         return median(list(self.recent_vals)) if len(self.recent_vals) >= min(self.window, 3) else None
 
+    def latest(self, k: int = 3) -> float | None:
+        """The median of the last ``k`` points: where the series stands now (a coarse log's recent window spans long)."""
+        vals = list(self.recent_vals)[-k:]
+        return median(vals) if vals else None
+
     @property
     def spread(self) -> float:
         """The series' noise: the MAD-sigma of its early and recent points, whichever is larger."""
@@ -113,14 +118,22 @@ class Series:
         """Clearly higher now than early in the run: the recent window's mean above the early window's by ``z``
         standard errors of the difference (each window's error inflated for lag-1 autocorrelation) and by twice
         the series' noise, with the run's history trending up (Mann-Kendall, autocorrelation-corrected, p < 0.05)."""
+        return self._moved(z, up=True)
+
+    def falling(self, z: float = 3.0) -> bool:
+        """Clearly lower now than early in the run, by the same test as ``rising``."""
+        return self._moved(z, up=False)
+
+    def _moved(self, z: float, up: bool) -> bool:
         early, recent = self.early_vals[1:] if len(self.early_vals) > 3 else self.early_vals, list(self.recent_vals)
         if len(early) < 3 or len(recent) < 3 or len(self.history) < 8:
             return False
         (m0, se0), (m1, se1) = _mean_se(early), _mean_se(recent)
-        diff = m1 - m0
+        diff = (m1 - m0) if up else (m0 - m1)
         if diff <= max(z * math.sqrt(se0 * se0 + se1 * se1), 2.0 * self.spread, 1e-9):
             return False
-        return mann_kendall(self.history).p_up < 0.05
+        mk = mann_kendall(self.history)
+        return (mk.p_up if up else mk.p_down) < 0.05
 
 
 def _mean_se(vals: Sequence[float]) -> tuple[float, float]:
@@ -255,6 +268,8 @@ class RunSignals:
         ``lengths``) length shaping left out: those carrying the learning."""
         _, fmt = reward_roles(self.components)
         fmt = self.context.format_reward or fmt
+        if self.correct_key is not None and self.correct.falling():
+            return []  # a component rising while the correctness falls is not the task being learned
         return [n for n, s in self.components.items()
                 if n not in besides and n != fmt and not _is_format(n) and (lengths or not is_length_name(n)) and s.rising()]
 
@@ -277,8 +292,8 @@ class RunSignals:
     def entropy_ratio(self) -> float | None:
         """The entropy's recent level over its early level (None where the run logs no entropy)."""
         e = self.series["entropy"]
-        early, now = e.early, e.recent
-        if early is None or now is None or early <= 0:
+        early, now = e.early, e.latest()
+        if early is None or now is None or early <= 0 or len(e.recent_vals) < 3:
             return None
         return now / early
 
@@ -293,8 +308,11 @@ class RunSignals:
         """The reward (or the correctness) fell from its first logged level within the first few updates and never
         came back: the first updates broke the policy. ``{"metric", "first", "now", "by_step"}``, else None."""
         first = [v for _, v in list(self.zero_share)[:3]]
-        if first and min(first) > 0.5:
-            return None  # most groups had no spread at the first points already: there was no working signal to break
+        if not first or min(first) > 0.9:
+            return None  # every group alike at the first points already: there was no working signal to break
+        now_alike = self.zero_variance_share(points=4)
+        if now_alike is None or now_alike < 0.8:
+            return None  # a broken policy scores every completion of a group alike; a noisy first point does not
         keys = ["reward"] + ([self.correct_key] if self.correct_key else [])
         for key in keys:
             s = self._series(key)
@@ -311,6 +329,17 @@ class RunSignals:
                 return {"metric": key, "first": first, "now": now,
                         "by_step": s.history_steps[min(3, len(s.history_steps) - 1)] if s.history_steps else None}
         return None
+
+    def all_at_zero_after_paying(self) -> bool:
+        """Every reward component pays nothing now and every group scores alike, though the reward paid at the first
+        logged point: the policy, not one function, stopped earning (a function reading a missing column leaves the
+        others paying)."""
+        r = self.series["reward"]
+        if not r.early_vals or r.early_vals[0] <= 1e-9 or not self.components:
+            return False
+        alike = self.zero_variance_share(points=4)
+        return (alike is not None and alike >= 0.8 and (r.latest() or 0.0) <= 1e-9
+                and all((c.latest() or 0.0) <= 1e-9 for c in self.components.values()))
 
     def fell(self, key: str = "reward") -> bool:
         """The series fell clearly below the best level it reached (by a quarter of that level, and its noise)."""
@@ -337,13 +366,13 @@ class RunSignals:
         return out
 
     def entropy_low_from_start(self) -> bool:
-        """The entropy was about as low at the first logged points as it is now (within 4x), or near zero from the
-        first point: it never fell from a level of its own (a cold sampler, a model deterministic before training)."""
+        """The entropy was all but greedy at the first logged points already (``NEAR_GREEDY`` nats a token or less,
+        the top token's probability about 0.99): it had no room to fall (a cold sampler, a model made deterministic
+        before GRPO), so a low entropy later is not a collapse."""
         e = self.series["entropy"]
-        if len(e.early_vals) < 3 or e.recent is None:
+        if len(e.early_vals) < 3:
             return False
-        # (0.02 nats a token: the top token's probability above 0.998, sampling all but greedy whatever the model.)
-        return median(e.early_vals[:3]) <= max(4.0 * e.recent, NEAR_GREEDY)
+        return median(e.early_vals[:3]) <= NEAR_GREEDY
 
     def grew(self, key: str = "completions/mean_length", factor: float = 2.0) -> bool:
         """The series' recent level at least ``factor`` times its early one, and rising over the run."""

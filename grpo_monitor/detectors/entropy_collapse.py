@@ -252,11 +252,6 @@ class EntropyCollapse(Detector):
                 level = 2
         elif holding and not excuse:
             level = 1
-        elif strong_drop and stalled:
-            # Far below its baseline with nothing gained over the fall, though the groups keep their spread (large
-            # groups on a hard task): the exploration is spent without a return (the entropy-performance trade-off
-            # of Cui et al.). A warning only: without a loss of diversity it is not yet the collapse DAPO §3.1 shows.
-            level = 1
         if level and not self.in_episode and len(self.correct):
             self.raised_from = (step, median(self.correct.last(16)))  # this assessment opens the episode
         ev["corroborated_by"] = corroborators
@@ -314,12 +309,7 @@ class EntropyCollapse(Detector):
         if self.fall_from is None or len(self.correct) < 16 or self.correct_base is None:
             return False
         since = self.raised_from if self.in_episode and self.raised_from is not None else self.fall_from
-        vals = list(self.correct.values)
-        if len(vals) >= 48 and since[0] < self.correct.steps[0]:
-            # A long fall: what counts is the gain over the stretch the window still holds, not one made at its start
-            # (a reward that rose while the entropy began to fall and has stood still since is not buying anything).
-            since = (self.correct.steps[0], median(vals[:16]))
-        recent = vals[-16:]
+        recent = list(self.correct.values)[-16:]
         now = median(recent)
         se = 1.2533 * mad_sigma(recent) * math.sqrt(2.0 / 16.0)
         gain = now - since[1]

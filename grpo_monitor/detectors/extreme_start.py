@@ -1,4 +1,4 @@
-"""An extreme first logged point: the loss, gradient norm or KL at the first log far above everything after it.
+"""An extreme first logged point: the gradient norm or the KL at the first log far above everything after it.
 
 A first update that moves the policy by orders of magnitude more than any later one (a loss of 1,083, a gradient
 norm of 421,404 and a KL of 10,832 at the first log of a run that settles to a gradient norm of 0.1) is a warm-up
@@ -17,11 +17,15 @@ from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, c
 from grpo_monitor.detectors.signals import get
 from grpo_monitor.detectors.stats import Window, median
 
-WATCHED = ("loss", "grad_norm", "kl")
+ADVICE = ("Check the learning-rate warm-up (warmup_ratio or warmup_steps), that the reference model is the policy's "
+          "starting point (the same checkpoint, an adapter merged once) and, after a resume, that the checkpoint's "
+          "weights were loaded.")
+# Scale quantities only: the GRPO loss is centred on 0 (a settled loss near 0 makes any first value look extreme).
+WATCHED = ("grad_norm", "kl")
 
 
 class ExtremeStart(Detector):
-    """The first logged value of the loss, gradient norm or KL ``factor`` times the run's settled level or more.
+    """The first logged value of the gradient norm or the KL ``factor`` times the run's settled level or more.
 
     Parameters: ``factor`` (how far above the settled level counts as extreme), ``settle_points`` (the latest
     points whose median is the settled level, at least this many before judging).
@@ -29,7 +33,7 @@ class ExtremeStart(Detector):
     >>> det = ExtremeStart()
     >>> found = []
     >>> for step in range(1, 30):
-    ...     found += det.update(step, {"grad_norm": 421404.0 if step == 1 else 0.1 + 0.01 * (step % 3), "loss": 0.01})
+    ...     found += det.update(step, {"grad_norm": 421404.0 if step == 1 else 0.1 + 0.01 * (step % 3), "kl": 0.01})
     >>> [(f.severity, f.step, sorted(f.evidence["metrics"])) for f in found]
     [('info', 9, ['grad_norm'])]
     """
@@ -76,7 +80,7 @@ class ExtremeStart(Detector):
         if not extreme:
             return Assessment(0, {})
         self.said = True
-        return Assessment(1, {"metrics": extreme, "factor": self.factor},
+        return Assessment(1, {"metrics": extreme, "factor": self.factor, "advice": ADVICE},
                           onset_step=min(e["at_step"] for e in extreme.values()))
 
     def _message(self, severity: str, evidence: Mapping[str, Any]) -> str:

@@ -2,7 +2,9 @@
 
 Every group has identical rewards (``frac_reward_zero_std`` = 1), every completion is cut at
 ``max_completion_length`` (``completions/clipped_ratio`` = 1), or rewards have no spread and the
-gradient is zero, sustained over several logged points. A share that is high but not total, or a
+gradient is zero, sustained over several logged points. Whether that is a task solved or a policy
+collapsed (an entropy collapse, a learning rate that broke it, a reward that never pays) is the
+diagnosis's to say (``core.diagnosis``), against the run's other signals. A share that is high but not total, or a
 batch without spread on most points (``reward_std`` 0 where the share is not logged), counts too once
 it holds on average over a stretch of twice ``persist_steps`` (``most``): a sparse reward that pays one
 group in ten now and then still leaves most of the compute without signal. No GRPO variant fixes this, so the finding
@@ -26,8 +28,9 @@ from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, get
 from grpo_monitor.detectors.stats import Window, median
 from grpo_monitor.detectors.sudden_collapse import REMEDY, lowered_learning_rate
 
-# Nats a token below which sampling is all but greedy (the top token's probability above 0.998), whatever the model.
-NEAR_GREEDY = 0.02
+# Nats a token below which sampling is all but greedy (the top token's probability about 0.99 or more), whatever
+# the model.
+NEAR_GREEDY = 0.05
 
 
 class NoLearningSignal(Detector):
@@ -35,8 +38,9 @@ class NoLearningSignal(Detector):
 
     Parameters: ``level`` (a share at or above it counts as "all"), ``persist_points``/``persist_steps``
     (logged points and training steps in a row; critical at twice as many, or with two conditions
-    together), ``defer_high``/``defer_low``
-    (entropy ratios to its baseline beyond which the stall belongs to degeneration or collapse).
+    together), ``defer_high`` (the entropy ratio to its baseline beyond which the stall belongs to
+    degeneration), ``defer_low`` (kept for the evidence: the diagnosis reads a collapse from the ratio),
+    ``most`` (the stretch's mean share of groups without spread that counts as most).
 
     >>> det = NoLearningSignal()
     >>> found = []
@@ -87,12 +91,16 @@ class NoLearningSignal(Detector):
 
     def _solved(self, ev: dict[str, Any]) -> bool:
         """Saturated on the correctness share itself (near 1 with every group alike): the task is solved, the
-        signal is not lost to a collapse. Without a correctness share in [0, 1] this is not told apart."""
-        if ev.get("signal") != "saturated" or not self.correct_recent or not self.correct_unit:
+        signal is not lost to a collapse, whatever the signal's history (a task solved in its first ten steps never
+        had a stretch of spread). Without a correctness share in [0, 1] this is not told apart."""
+        if not self.correct_recent or not self.correct_unit:
             return False
         c = median(self.correct_recent)
         ev["correctness"] = {"metric": self.correctness.key, "recent": c}
-        return c >= 0.9
+        if c >= 0.9:
+            ev["signal"] = "saturated"
+            return True
+        return False
 
     def _mostly_alike(self, step: int) -> float | None:
         """The mean share of groups without spread over the last ``2 x persist_steps`` of training (at least four
@@ -140,7 +148,11 @@ class NoLearningSignal(Detector):
         z = fz if fz is not None else (1.0 if rs is not None and rs <= 1e-6 else 0.0 if rs is not None else None)
         if z is not None:
             self.zero.push(step, z)
-        conds = self._conditions(fz, cr, rs, gn, self._mostly_alike(step) if z is not None else None)
+        # The stretch's mean counts only at a point whose own share is at least half: a point where most groups
+        # have spread again ends the stretch, however alike the points before it were. (Where only reward_std is
+        # logged, a point with spread may be one group of many: its share is unknown, and the mean decides.)
+        counts = z is not None and (fz is None or fz >= 0.5)
+        conds = self._conditions(fz, cr, rs, gn, self._mostly_alike(step) if counts else None)
         r = get(metrics, "reward")
         if r is not None:
             self.last_reward = r
@@ -171,7 +183,8 @@ class NoLearningSignal(Detector):
         sustained = run >= need and covered >= self.persist_steps
         long_sustained = run >= 2 * need and covered >= 2 * self.persist_steps
         had = self.signal_points >= k and self.signal_steps >= self.persist_steps
-        if not had:
+        solved = self._solved({})
+        if not had and not solved:
             # No stretch of signal as long as the one that calls it gone: a model often needs a while before its
             # completions differ at all (at the cap, all alike, in its first steps), so the stretch that counts is
             # three times as long, and six for critical on one sign alone.
@@ -192,15 +205,15 @@ class NoLearningSignal(Detector):
                 # Every group scoring alike at the best reward is a solved task, not a lost signal.
                 ev["signal"] = "lost" if now < best - 0.5 * max(abs(best), 1e-9) else "saturated"
         deferred = None
+        self._solved(ev)
         ratio = self.entropy.ratio(2)
         if ratio is not None:
             ev["entropy_ratio_to_baseline"] = finite(ratio)
+            # An entropy that exploded makes the stall a degeneration's, judged there. One that collapsed is not
+            # deferred: the diagnosis (``core.diagnosis``) names the collapse as this finding's cause where the
+            # correctness is not at its ceiling, and a deferral to a detector that stays quiet would lose it.
             if ratio >= self.defer_high:
                 deferred = "degenerate_long_cot"
-            elif ratio <= self.defer_low and not self._solved(ev) and (self.entropy.baseline.value or 0.0) > NEAR_GREEDY:
-                # (A solved task's entropy falls too: there the saturation is the finding, not a collapse. An entropy
-                # near zero from the start never fell: the sampler was greedy all along, and the stall is this one's.)
-                deferred = "entropy_collapse"
         if deferred:
             ev["deferred_to"] = deferred
         self.lost = ev["signal"] == "lost"

@@ -28,7 +28,8 @@ Penalties that have not fired yet look like a dead component, so a component at 
 neither format nor correctness is only raised after a long stretch. Logs without ``rewards/<f>/std``
 (older TRL, notebooks' progress tables) are judged on the mean alone: one mean can average signed rewards
 to 0, but the same mean to the last digit at every logged point, over ``mean_only_points`` points and
-``other_steps`` steps, is a component that never varied. A constant at or below 0 never pays (a penalty or a
+``other_steps`` steps (three times ``min_steps`` for two format checks that have both never paid), is a
+component that never varied. A constant at or below 0 never pays (a penalty or a
 parser's "no answer" value); above 0 it pays everything alike. No config flag fixes a broken reward
 function: the finding's ``advice`` says what to check in the code.
 """
@@ -416,8 +417,13 @@ class RewardFunctionBug(Detector):
             if c.mean_only:
                 # The mean alone cannot tell a component that never varies from one that has not paid yet (a
                 # correctness that needs a format the model has not learned, a penalty that has not fired): the
-                # same value to the last digit over ``other_steps`` and ``mean_only_points`` points.
-                need = max(need, self.other_steps)
+                # same value to the last digit over ``other_steps`` and ``mean_only_points`` points. Two format
+                # checks that have both never paid (a strict and a soft regex with the same bug) corroborate each
+                # other: three times ``min_steps`` then.
+                corroborated = kind == "dead_format" and any(
+                    o is not c and o.mean_only and o.status != "alive" and not o.moved and abs(o.first) <= _EPS
+                    and self._kind(n, o) == "dead_format" for n, o in self.components.items())
+                need = 3 * self.min_steps if corroborated else max(need, self.other_steps)
                 if c.points < self.mean_only_points:
                     continue
             if covered < need or 2 * c.support < c.points:
