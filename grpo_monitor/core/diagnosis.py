@@ -71,6 +71,9 @@ class Diagnosis:
         # The latest no-learning-signal finding as raised, while its episode is open and its cause not yet named:
         # re-judged at every step, since the cause (an entropy that goes on falling) often shows after the symptom.
         self.undetermined: Finding | None = None
+        # A reward-function finding kept at info because another component carries the learning: judged again at
+        # every step, since that may stop (the correctness falls), and then it is raised at its harm.
+        self.revisit: Finding | None = None
 
     # -- per step ----------------------------------------------------------------------------------
 
@@ -91,9 +94,14 @@ class Diagnosis:
                 self.set_aside.add(f.detector)
                 out.append(g)
                 continue
-            self.set_aside.discard(f.detector)
+            if g.severity == "info" and g.detector == f.detector:
+                self.set_aside.add(f.detector)  # kept as information: its state shows no alarm either
+            else:
+                self.set_aside.discard(f.detector)
             if f.detector == "no_learning_signal":
                 self.undetermined = f if g.detector == "no_learning_signal" else None
+            if f.detector == "reward_function_bug":
+                self.revisit = f if g.severity == "info" and j.cause == "reward_function_bug" else None
             level = SEVERITY_LEVEL[g.severity]
             held = self.emitted.get(g.detector)
             if held is not None and held[0] >= level:
@@ -104,19 +112,26 @@ class Diagnosis:
         return out
 
     def _reconsider(self, raised: Sequence[Finding], step: int, states: Mapping[str, str]) -> list[Finding]:
-        """The open no-signal episode again, where its cause is still undetermined: the finding as of this step, when
-        the signals now name a cause (else nothing)."""
+        """The open no-signal episode again, where its cause is still undetermined, and a reward-function finding kept
+        at info: the finding as of this step, when the signals now name a cause or a harm (else nothing)."""
+        out: list[Finding] = []
+        r = self.revisit
+        if r is not None and not any(x.detector == r.detector for x in raised):
+            j = self._reward_bug(r)
+            if j is not None and j.severity != "info":
+                self.revisit = None
+                out.append(dataclasses.replace(r, step=step))
         f = self.undetermined
         if f is None or any(r.detector == f.detector for r in raised):
-            return []
+            return out
         if states.get(f.detector) not in ("warning", "critical"):
             self.undetermined = None
             return []
         j = self._signal_gone(f)
         if j is None or j.cause in (None, "no_learning_signal") or j.cause in self.emitted:
-            return []
+            return out
         self.undetermined = None
-        return [dataclasses.replace(f, step=step)]
+        return [*out, dataclasses.replace(f, step=step)]
 
     def _book(self, cause: str, raiser: str, level: int) -> None:
         held = self.emitted.get(cause)
@@ -162,8 +177,11 @@ class Diagnosis:
 
     def _after_a_jump(self, f: Finding) -> Judgement | None:
         """The task reward fell right after the learning rate or the gradient norm jumped: a learning-rate
-        finding with the last healthy learning rate, whatever the completions did next."""
+        finding with the last healthy learning rate, whatever the completions did next. (Not where a train-inference
+        mismatch was raised first: its gradient spikes and crash are the mismatch's, which has its own cure.)"""
         sig = self.signals
+        if "rollout_mismatch" in self.emitted:
+            return None
         at = f.onset_step if f.onset_step is not None else f.step
         jump = sig.jump_before(at, within=max(10, 3 * sig.steps_per_point()))
         task = sig.task()
@@ -483,8 +501,9 @@ class Diagnosis:
             return Judgement("reward_function_bug", "critical", ["it is the task's signal" if varying else "nothing else varies"])
         paying = self._correctness_pays(correct, constant)
         if not is_task and paying is not None:
-            # A format check that never pays while the correctness does: GRPO learns from the correctness, and this
-            # component adds nothing to any advantage. Worth knowing, not an alarm.
+            # A format check that never pays while the correctness pays and varies: the groups' advantages come from
+            # the correctness, and this component adds nothing to any of them. Information; judged again at each step
+            # (``revisit``): should the correctness fall, nothing carries the learning and it is raised.
             return Judgement("reward_function_bug", "info", [f"{paying} pays and varies: it carries the learning"],
                              message=(f"{f.message} It adds nothing to any advantage; {paying} pays and varies, so the "
                                       "run learns from it meanwhile."))
@@ -494,13 +513,13 @@ class Diagnosis:
         return None
 
     def _correctness_pays(self, correct: str | None, constant: set[str]) -> str | None:
-        """The correctness component, when it varies and its recent median is above zero (it pays some completions
-        and tells them apart); else None."""
+        """The correctness component, when it varies, its latest level is above zero (it pays some completions and
+        tells them apart, so the groups' advantages come from it) and it is not falling; else None."""
         sig = self.signals
         if not correct or correct in constant or correct not in sig.varying_components():
             return None
         c = sig.components.get(correct)
-        now = c.recent if c is not None else None
+        now = c.latest() if c is not None else None
         return correct if now is not None and now > 0 and not sig.correct.falling() else None
 
     def _divergence(self, f: Finding) -> Judgement | None:

@@ -92,6 +92,12 @@ class Series:
     def recent(self) -> float | None:
         return median(list(self.recent_vals)) if len(self.recent_vals) >= min(self.window, 3) else None
 
+    def first_level(self, k: int = 3) -> float | None:
+        """The median of the first ``k`` points: where the series stood when the run began (a fall that happens
+        within the early window would sink the early median into it)."""
+        vals = self.early_vals[:k]
+        return median(vals) if len(vals) >= k else None
+
     def latest(self, k: int = 3) -> float | None:
         """The median of the last ``k`` points: where the series stands now (a coarse log's recent window spans long)."""
         vals = list(self.recent_vals)[-k:]
@@ -114,39 +120,29 @@ class Series:
         span = max(abs(best - (self.lowest if self.lowest is not None else best)), abs(best), 1e-12)
         return best - now <= max(2.0 * self.spread, rel * span)
 
-    def rising(self, z: float = 3.0) -> bool:
-        """Clearly higher now than early in the run: the recent window's mean above the early window's by ``z``
-        standard errors of the difference (each window's error inflated for lag-1 autocorrelation) and by twice
-        the series' noise, with the run's history trending up (Mann-Kendall, autocorrelation-corrected, p < 0.05)."""
-        return self._moved(z, up=True)
+    def rising(self) -> bool:
+        """Clearly higher now than early in the run: the latest points' median above the early points' median by
+        three times the point-to-point noise (the MAD of first differences, which a trend does not inflate), with
+        the run's history trending up (Mann-Kendall with the autocorrelation correction, p < 0.05)."""
+        return self._moved(up=True)
 
-    def falling(self, z: float = 3.0) -> bool:
+    def falling(self) -> bool:
         """Clearly lower now than early in the run, by the same test as ``rising``."""
-        return self._moved(z, up=False)
+        return self._moved(up=False)
 
-    def _moved(self, z: float, up: bool) -> bool:
-        early, recent = self.early_vals[1:] if len(self.early_vals) > 3 else self.early_vals, list(self.recent_vals)
-        if len(early) < 3 or len(recent) < 3 or len(self.history) < 8:
+    def _moved(self, up: bool) -> bool:
+        hist = self.history
+        if len(hist) < 8:
             return False
-        (m0, se0), (m1, se1) = _mean_se(early), _mean_se(recent)
-        diff = (m1 - m0) if up else (m0 - m1)
-        if diff <= max(z * math.sqrt(se0 * se0 + se1 * se1), 2.0 * self.spread, 1e-9):
+        k = max(3, len(hist) // 4)
+        early, late = median(hist[:k]), median(hist[-k:])
+        diffs = [b - a for a, b in zip(hist, hist[1:])]
+        noise = mad_sigma(diffs) / math.sqrt(2.0) if diffs else 0.0
+        effect = (late - early) if up else (early - late)
+        if effect <= max(3.0 * noise / math.sqrt(k), 1e-9) or effect <= 0.5 * noise:
             return False
-        mk = mann_kendall(self.history)
+        mk = mann_kendall(hist)
         return (mk.p_up if up else mk.p_down) < 0.05
-
-
-def _mean_se(vals: Sequence[float]) -> tuple[float, float]:
-    """A window's mean and its standard error, the error inflated for lag-1 autocorrelation (AR(1) effective n)."""
-    n = len(vals)
-    m = sum(vals) / n
-    dev = [v - m for v in vals]
-    var = sum(d * d for d in dev) / max(1, n - 1)
-    den = sum(d * d for d in dev)
-    r1 = sum(a * b for a, b in zip(dev, dev[1:])) / den if den > 0 else 0.0
-    r1 = min(max(r1, 0.0), 0.9)
-    n_eff = max(1.0, n * (1 - r1) / (1 + r1))
-    return m, math.sqrt(var / n_eff)
 
 
 def _is_format(name: str) -> bool:
@@ -290,9 +286,9 @@ class RunSignals:
         return sum(vals) / len(vals)
 
     def entropy_ratio(self) -> float | None:
-        """The entropy's recent level over its early level (None where the run logs no entropy)."""
+        """The entropy's latest level over the level of its first points (None where the run logs no entropy)."""
         e = self.series["entropy"]
-        early, now = e.early, e.latest()
+        early, now = e.first_level(), e.latest()
         if early is None or now is None or early <= 0 or len(e.recent_vals) < 3:
             return None
         return now / early
