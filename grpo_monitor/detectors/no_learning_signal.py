@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
-from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, get
+from grpo_monitor.detectors.signals import CorrectnessSource, EntropyTrack, completions_per_step, get
 from grpo_monitor.detectors.stats import Window, median
 from grpo_monitor.detectors.sudden_collapse import REMEDY, lowered_learning_rate
 
@@ -73,6 +73,10 @@ class NoLearningSignal(Detector):
         # The share of groups without spread at each point (``reward_std`` 0 counts as all, above 0 as none),
         # for the stretch average.
         self.zero = Window(64)
+        # One or two groups a step: a point's share is all or nothing, so one lucky group says little of the stretch.
+        cfg = self.context.config or {}
+        per_step, g = completions_per_step(cfg), cfg.get("num_generations")
+        self._few_groups = bool(per_step and isinstance(g, int) and not isinstance(g, bool) and g > 0 and per_step // g <= 2)
         # Trailing flagged points in ``flags``.
         self._run = 0
         self.last_reward: float | None = None
@@ -151,7 +155,7 @@ class NoLearningSignal(Detector):
         # The stretch's mean counts only at a point whose own share is at least half: a point where most groups
         # have spread again ends the stretch, however alike the points before it were. (Where only reward_std is
         # logged, a point with spread may be one group of many: its share is unknown, and the mean decides.)
-        counts = z is not None and (fz is None or fz >= 0.5)
+        counts = z is not None and (fz is None or fz >= 0.5 or self._few_groups)
         conds = self._conditions(fz, cr, rs, gn, self._mostly_alike(step) if counts else None)
         r = get(metrics, "reward")
         if r is not None:

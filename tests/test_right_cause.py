@@ -1,0 +1,114 @@
+"""The right cause for the failures a new user makes on purpose, on real GRPOTrainer runs and logs of their shape.
+
+- a correctness reward reading a dataset column that is not there: 0.0 on every completion while the format reward
+  sits at its full score (a live run on the tiny model, and the recorded runs under ``benchmarks/real_runs/made``);
+- a learning rate a hundred times too high: the policy breaks in its first updates (recorded runs, one and two ranks);
+- a reward paying 0.1 per word: the same cause on one rank and on two (recorded runs);
+- a ``trainer_state.json`` whose two format rewards are exactly 0.0 at all 25 logged points.
+
+None is "the task is solved", none advises an inference engine's weight sync on a run without one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo_monitor.analysis.report import analyze
+from tests.conftest import ROOT
+
+MADE = ROOT / "benchmarks" / "real_runs" / "made"
+ALARMS = ("warning", "critical")
+
+
+def _findings(path):
+    report = analyze(path)
+    return [f for r in report.runs for f in r.findings if not f.detector.startswith("config_")]
+
+
+def _never_solved_nor_engine(findings):
+    for f in findings:
+        assert "task is solved" not in f.message, f.message
+        assert "vLLM" not in f.message and "weight sync" not in f.message, f.message
+
+
+@pytest.mark.parametrize("case", ["missing_column_log10_rank1", "missing_column_log10_rank2", "missing_column_log5_rank2",
+                                  "missing_column_log10_rank1.trainer_state.json"])
+def test_a_correctness_reward_reading_a_missing_column_is_named(case):
+    findings = _findings(MADE / case)
+    bugs = [f for f in findings if f.detector == "reward_function_bug" and f.severity in ALARMS]
+    assert bugs, [(f.detector, f.severity, f.message[:80]) for f in findings]
+    assert "correctness_reward" in bugs[0].message
+    assert all(f.severity == "critical" for f in bugs[-1:])
+    _never_solved_nor_engine(findings)
+
+
+def test_a_live_run_whose_correctness_reads_a_missing_column(tmp_path):
+    """A real GRPOTrainer on the tiny model with the user's mistake (the column is "answer", the dataset has "target"),
+    40 steps of 8 completions: 320 completions at 0.0, as the trial had."""
+    from trl import GRPOTrainer
+
+    from grpo_monitor import attach
+    from grpo_monitor.app.demo import demo_config
+    from grpo_monitor.fixtures.tiny import build_dataset, build_model, build_tokenizer, format_reward
+
+    def correctness_reward(completions, **kwargs):
+        answers = kwargs.get("answer") or [None] * len(completions)
+        return [1.0 if a is not None and a in c else 0.0 for c, a in zip(completions, answers)]
+
+    trainer = GRPOTrainer(model=build_model(warm_start=150), processing_class=build_tokenizer(),
+                          reward_funcs=[format_reward, correctness_reward], train_dataset=build_dataset(),
+                          args=demo_config(tmp_path / "out", 40))
+    attach(trainer, tmp_path / "run")
+    trainer.train()
+    findings = _findings(tmp_path / "run")
+    bugs = [f for f in findings if f.detector == "reward_function_bug" and f.severity == "critical"]
+    assert bugs and "correctness_reward" in bugs[0].message, [(f.detector, f.severity, f.message[:90]) for f in findings]
+    _never_solved_nor_engine(findings)
+
+
+@pytest.mark.parametrize("case", ["lr_100x_log1_rank1", "lr_100x_log1_rank2", "lr_100x_log1_rank1.trainer_state.json",
+                                  "lr_100x_log1_rank2.trainer_state.json"])
+def test_a_learning_rate_a_hundred_times_too_high_is_a_learning_rate_finding(case):
+    findings = _findings(MADE / case)
+    header = json.loads((MADE / "lr_100x_log1_rank1" / "run.jsonl").read_text().splitlines()[0])
+    configured = header["config"]["learning_rate"]
+    collapse = [f for f in findings if f.detector == "sudden_collapse" and f.severity in ALARMS]
+    assert collapse, [(f.detector, f.severity, f.message[:80]) for f in findings]
+    lr = collapse[0].config_overrides.get("learning_rate")
+    # A hundred times lower where the config is known (a tenth rarely saves a policy that broke in its first updates).
+    assert lr is None and case.endswith(".json") or lr == pytest.approx(configured / 100)
+    _never_solved_nor_engine(findings)
+
+
+@pytest.mark.parametrize("case", ["per_word_bonus_log1_rank1", "per_word_bonus_log1_rank2"])
+def test_a_reward_paying_per_word_is_the_cause_on_one_rank_and_on_two(case):
+    findings = _findings(MADE / case)
+    assert not [f for f in findings if f.detector == "broken_generation"]
+    bugs = [f for f in findings if f.detector == "reward_function_bug" and f.severity in ALARMS]
+    assert bugs and bugs[0].evidence["components"][0]["component"] == "verbosity_bonus"
+    assert bugs[0].evidence["components"][0]["kind"] == "per_token"
+    _never_solved_nor_engine(findings)
+
+
+def test_two_format_rewards_at_zero_in_a_trainer_state_json_are_named(tmp_path):
+    """25 logged points, older TRL's key names (no per-function std): the strict and soft format rewards are 0.0 at
+    every one while the correctness varies and rises."""
+    history = []
+    for k in range(1, 26):
+        correct = 0.2 + 0.02 * k + (0.05 if k % 3 == 0 else 0.0)
+        history.append({"step": k, "loss": 0.0, "reward": correct + 0.1, "reward_std": 0.4,
+                        "rewards/strict_format_reward_func": 0.0, "rewards/soft_format_reward_func": 0.0,
+                        "rewards/xmlcount_reward_func": 0.1 + 0.001 * k, "rewards/correctness_reward_func": correct,
+                        "completion_length": 150.0 - k, "kl": 0.001 * k})
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"global_step": 25, "log_history": history}))
+    report = analyze(path)
+    run = report.runs[0]
+    assert "reward_function_bug" not in run.not_judged
+    (bug,) = [f for f in run.findings if f.detector == "reward_function_bug"]
+    assert {c["component"] for c in bug.evidence["components"]} == {"strict_format_reward_func", "soft_format_reward_func"}
+    # The correctness pays and rises: the dead checks add nothing to any advantage, said as information.
+    assert bug.severity == "info"
+    _never_solved_nor_engine(run.findings)
