@@ -244,3 +244,46 @@ def test_cli_flags_parse_back_through_trl_argument_parser():
     (cfg,) = HfArgumentParser(GRPOConfig).parse_args_into_dataclasses(args=argv)
     assert cfg.reward_weights == [1.0, 1.0, 0.0]
     assert cfg.mask_truncated_completions is True and cfg.beta == 0.0 and cfg.loss_type == "dr_grpo"
+
+
+class PlantedNoCure(Detector):
+    """Raises one critical finding no configuration change cures (a reward function's bug) at a fixed step."""
+
+    id = "reward_function_bug"
+
+    def __init__(self, at_step: int = 3):
+        self.at_step = at_step
+        super().__init__()
+
+    def _reset_state(self):
+        pass
+
+    def update(self, step, metrics, samples=None):
+        if step != self.at_step:
+            return []
+        return [Finding("reward_function_bug", "critical", step, 1, None, {},
+                        {"advice": "run the function on a known-correct completion", "cost": {"steps": step}},
+                        "planted: correctness_reward never pays")]
+
+
+def test_auto_restart_stops_on_a_finding_no_change_cures_instead_of_training_on(tmp_path):
+    import transformers
+
+    from grpo_monitor import run_with_restarts
+    from grpo_monitor.app.demo import demo_config
+
+    transformers.logging.set_verbosity_error()
+    args = demo_config(tmp_path / "out", 8, disable_tqdm=True)
+    lineage = run_with_restarts(_make_trainer, args, run_dir=tmp_path / "run", max_restarts=2,
+                                detectors=[PlantedNoCure(at_step=3)])
+    # Stopped at the finding, no restart (there is nothing to restart with), rather than training on to step 8.
+    assert len(lineage) == 1 and lineage.segments[0].global_step == 3 and lineage.segments[0].plan is None
+    log = read_run(tmp_path / "run")
+    assert not log.restarts and not (tmp_path / "run" / PLAN_FILE).exists()
+    (note,) = [n for n in log.notes if n.get("event") == "stopped"]
+    assert note["detector"] == "reward_function_bug" and "no configuration cure" in note["message"]
+    assert note["advice"].startswith("run the function") and note["cost"]["steps"] == 3  # the cost meter's figures
+    import grpo_monitor as monitor
+
+    run = monitor.analyze(tmp_path / "run").runs[0]
+    assert run.status == "stopped" and "no configuration cure" in run.status_note

@@ -484,13 +484,10 @@ class Diagnosis:
         varying = set(sig.varying_components()) - constant
         is_task = name == correct or kind == "dead_correctness" or not (is_format_name(name) or name == self.context.format_reward)
         if kind == "free" and name == correct and not varying:
-            return Judgement("no_learning_signal", "warning",
-                             [f"{name} pays {top.get('value')} to every completion", "nothing else varies"],
-                             message=(f"Saturated or free: {name} has paid {top.get('value')} to every completion since step "
-                                      f"{top.get('since_step')}, so no group has any reward spread. Either the model already "
-                                      "solves these prompts (stop, or use harder ones) or the function pays everything (run "
-                                      "it on a wrong answer: a fallback that returns full marks is the usual bug)."),
-                             also=["a correctness reward that pays every completion"], extra={"signal": "saturated"})
+            # Every completion at full marks from the first step, to the last digit: a fallback that pays everything
+            # is likelier than a model right on every sample of every step, but the two read alike.
+            return Judgement("reward_function_bug", "critical", ["the correctness pays every completion the same"],
+                             also=["a task the model already solves on every sample (then stop, or use harder prompts)"])
         if carriers:
             return Judgement("reward_function_bug", "info",
                              [f"{', '.join(carriers)} carr{'y' if len(carriers) > 1 else 'ies'} the learning"],

@@ -15,7 +15,7 @@ from typing import Any
 
 from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import get
-from grpo_monitor.detectors.stats import Window, median
+from grpo_monitor.detectors.stats import median
 
 ADVICE = ("Check the learning-rate warm-up (warmup_ratio or warmup_steps), that the reference model is the policy's "
           "starting point (the same checkpoint, an adapter merged once) and, after a resume, that the checkpoint's "
@@ -27,8 +27,8 @@ WATCHED = ("grad_norm", "kl")
 class ExtremeStart(Detector):
     """The first logged value of the gradient norm or the KL ``factor`` times the run's settled level or more.
 
-    Parameters: ``factor`` (how far above the settled level counts as extreme), ``settle_points`` (the latest
-    points whose median is the settled level, at least this many before judging).
+    Parameters: ``factor`` (how far above the settled level counts as extreme), ``settle_points`` (points after
+    the first, at least this many before judging; the settled level is the median of all of them).
 
     >>> det = ExtremeStart()
     >>> found = []
@@ -51,7 +51,11 @@ class ExtremeStart(Detector):
 
     def _reset_state(self) -> None:
         self.first: dict[str, tuple[int, float]] = {}
-        self.recent = {k: Window(self.settle_points) for k in WATCHED}
+        # Every value after the first, thinned by halving past 256: the level the run spends its time at (a run
+        # whose norm later falls to nothing does not make an ordinary first point look extreme).
+        self.after: dict[str, list[float]] = {k: [] for k in WATCHED}
+        self.keep_every = dict.fromkeys(WATCHED, 1)
+        self.seen = dict.fromkeys(WATCHED, 0)
         self.said = False
 
     def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
@@ -65,16 +69,22 @@ class ExtremeStart(Detector):
             seen = True
             if k not in self.first:
                 self.first[k] = (step, v)
-            else:
-                self.recent[k].push(step, v)
+                continue
+            self.seen[k] += 1
+            if self.seen[k] % self.keep_every[k] == 0:
+                vals = self.after[k]
+                vals.append(v)
+                if len(vals) > 256:
+                    self.after[k] = vals[::2]
+                    self.keep_every[k] *= 2
         if not seen:
             return None
         extreme: dict[str, Any] = {}
         for k, (s0, v0) in self.first.items():
-            w = self.recent[k]
-            if len(w) < self.settle_points:
+            vals = self.after[k]
+            if len(vals) < self.settle_points:
                 continue
-            settled = abs(median(w.values))
+            settled = abs(median(vals))
             if settled > 0 and abs(v0) >= self.factor * settled:
                 extreme[k] = {"first": finite(v0), "at_step": s0, "settled": finite(settled)}
         if not extreme:
