@@ -85,6 +85,27 @@ JUDGEMENTS: dict[tuple[str, str], str] = {
         "warning only: 75% of completions cut at the cap from step 1 with four completions a step",
     ("unslothai_155332fb_AMD-Gemma4__E2B__GRPO", "truncation"):
         "warning only: half or more of each step's completions end at 718 tokens (the longest logged) from step 2",
+    ("sunshine_grpo_rho1.00_qwen2.5-7b", "no_learning_signal"):
+        "warning only: frac_reward_zero_std 0.7-1.0 at every logged point from 70 to 115 while the reward sits at "
+        "0.75-0.95, its best range; no correctness is logged to call it solved",
+    ("HarleyCoops_dakota_qwen3_06b_primerl_orchestrator", "reward_function_bug"):
+        "exact_match_reward is exactly 0.0 at all 1000 steps of 32x8 completions while the shaping rewards rise: "
+        "a correctness that never pays (the label's note says so; its expected finding is the divergence)",
+    ("unslothai_498c5211_Ministral_3__3B__Reinforcement_Learning_Sudoku_Game", "no_learning_signal"):
+        "warning only: reward_std is 0 at 150 of 200 points (one prompt, four completions a step); from ~87 the "
+        "groups agree at reward 7.4-8.6, the run's best range: the strategy has converged",
+    ("unslothai_4bb753d5_HuggingFace_Course-Mistral_v0.3__7B__GRPO", "reward_function_bug"):
+        "warning only: soft_format and strict_format are exactly 0.0 at all 250 points while xmlcount, int and "
+        "correctness vary: the notebook's format regexes never match (a real bug in those functions)",
+    ("unslothai_8081c7e4_AMD-Llama3.1__8B_-GRPO", "reward_function_bug"):
+        "warning only: the same reward functions as the Mistral course notebook, soft/strict format exactly 0.0 at "
+        "all 250 points; raised at 24, before the correctness had shown it carries the learning",
+    ("unslothai_8081c7e4_AMD-Qwen3_5__4B__Vision_GRPO", "no_learning_signal"):
+        "warning only: num_generations=2 with one prompt a step: reward_std 0 at 40 of 60 points, the correctness "
+        "pays on 5 of 60",
+    ("unslothai_8081c7e4_AMD-Qwen3_VL__8B_-Vision-GRPO", "no_learning_signal"):
+        "num_generations=2 with one prompt a step: reward_std 0 at 55 of 60 points (both completions alike), the "
+        "correctness pays on 5 of 60; the config check warns of the two generations before training",
 }
 
 

@@ -687,11 +687,11 @@ def test_analyze_posts_the_verdict_of_a_foreign_run(tmp_path, hook):
 
 
 def test_analyze_sends_a_run_it_could_not_judge_with_the_reason(tmp_path, hook):
-    unknown = _export(tmp_path / "mystery.jsonl", [{"step": s, "my_score": 0.1 * s, "gen_tokens": 10 + s} for s in range(1, 31)])
+    unknown = _export(tmp_path / "mystery.jsonl", [{"step": s, "alpha": 0.1 * s, "beta": 10 + s} for s in range(1, 31)])
     out = cli("analyze", str(unknown), "--alerts", hook.url())
     assert out.returncode == 3, out.stderr
     (_, body), = hook.wait(1)
-    assert body["verdict"] == "cannot_judge" and "my_score" in body["reason"] and "--map" in body["reason"]
+    assert body["verdict"] == "cannot_judge" and "alpha" in body["reason"] and "--map" in body["reason"]
     assert "Not judged:" in body["text"]
 
 

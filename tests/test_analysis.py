@@ -76,18 +76,18 @@ def test_csv_with_only_entropy_and_grad_norm_cannot_be_judged(tmp_path):
 def test_unrecognised_csv_header_names_its_columns_and_map_makes_it_readable(tmp_path):
     path = tmp_path / "export.csv"
     rows = "".join(f"{s},{0.5 + 0.001 * (s % 5)},{100 + 2 * s},{s % 7}\n" for s in range(1, 200))
-    path.write_text("step,my_score,gen_tokens,misc\n" + rows)
+    path.write_text("step,alpha,beta,misc\n" + rows)
     out = cli(path)
     assert out.returncode == 3
-    assert "my_score, gen_tokens, misc" in out.stdout and "--map my_score=reward" in out.stdout
-    mapped = cli(path, "--map", "my_score=reward", "--map", "gen_tokens=length", "--json")
+    assert "alpha, beta, misc" in out.stdout and "--map COLUMN=reward" in out.stdout
+    mapped = cli(path, "--map", "alpha=reward", "--map", "beta=length", "--json")
     run = json.loads(mapped.stdout)["runs"][0]
     assert "length_reward_coupling" in run["judged_by"] and run["verdict"] != "cannot_judge"
     assert mapped.returncode == (1 if run["verdict"] in ("warning", "critical") else 0)
-    report = monitor.analyze(path, mapping={"my_score": "reward", "gen_tokens": "length"})
+    report = monitor.analyze(path, mapping={"alpha": "reward", "beta": "length"})
     assert [f.detector for f in report.runs[0].findings] == [f["detector"] for f in run["findings"]]
-    frame = monitor.load_run(path, mapping={"my_score": "reward"})
-    assert "reward" in frame.columns and "my_score" not in frame.columns
+    frame = monitor.load_run(path, mapping={"alpha": "reward"})
+    assert "reward" in frame.columns and "alpha" not in frame.columns
 
 
 def test_bad_map_item_is_one_line_and_exit_2(tmp_path):

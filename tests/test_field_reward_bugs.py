@@ -1,28 +1,28 @@
 """Reward-function bugs (K3) and truncation before it is total (K1): the labelled field cases replayed
-through the engine with every detector, at ``logging_steps`` 1 and 10, plus the traps each detector
+through the session (every detector, then the diagnosis), at ``logging_steps`` 1 and 10, plus the traps each detector
 must step around."""
 
 from __future__ import annotations
 
 import pytest
 
-from grpo_monitor.detectors import ALL_DETECTORS
 from grpo_monitor.detectors.base import RunContext
 from grpo_monitor.detectors.reward_function_bug import RewardFunctionBug
 from grpo_monitor.detectors.truncation import Truncation
 from grpo_monitor.fixtures.field.reward_bugs import HEALTHY, SPECS
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.core.engine import Engine
+from grpo_monitor.core.session import open_session
 
 SEEDS = (0, 1, 2)
 FAILURES = [n for n in SPECS if n not in HEALTHY]
 
 
 def replay(run):
-    engine = Engine(run.context, [cls() for cls in ALL_DETECTORS])
+    """The run through the one session every driver uses: the detectors, then the diagnosis."""
+    session = open_session(run.context)
     for step, metrics in run.steps:
-        engine.update(step, metrics, run.samples.get(step, []))
-    return [f for f in engine.findings if f.severity in ("warning", "critical")]
+        session.update(step, metrics, run.samples.get(step, []))
+    return [f for f in session.findings if f.severity in ("warning", "critical")]
 
 
 def _feed(det, series, context=None, samples=None):

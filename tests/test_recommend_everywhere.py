@@ -181,7 +181,8 @@ class PlantedRemedy(Detector):
 
 
 class PlantedCodeFix(Detector):
-    """A broken reward function's shape: a fix outside the config, confirmed at once."""
+    """A broken reward function's shape: a fix outside the config, warned of first (a critical one would stop an
+    auto-restarting run: no config change cures it)."""
 
     id = "planted_reward_check"
 
@@ -191,7 +192,7 @@ class PlantedCodeFix(Detector):
     def update(self, step, metrics, samples=None):
         if step != 1:
             return []
-        return [Finding(self.id, "critical", step, None, None, {}, {"advice": FIX}, "the reward returned None")]
+        return [Finding(self.id, "warning", step, None, None, {}, {"advice": FIX}, "the reward returned None")]
 
 
 @pytest.fixture(scope="module")

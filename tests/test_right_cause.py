@@ -112,3 +112,56 @@ def test_two_format_rewards_at_zero_in_a_trainer_state_json_are_named(tmp_path):
     # The correctness pays and rises: the dead checks add nothing to any advantage, said as information.
     assert bug.severity == "info"
     _never_solved_nor_engine(run.findings)
+
+
+HAND_WRITTEN = {"rollout_reward_mean": "reward", "rollout_reward_std": "reward_std",
+                "mean_response_length": "completions/mean_length", "gradient_norm": "grad_norm",
+                "answer_accuracy": "rewards/answer_accuracy/mean", "format_accuracy": "rewards/format_accuracy/mean",
+                "val_accuracy": "eval_accuracy"}
+EVAL_ONLY = {"train_eval_divergence", "eval_drop"}
+
+
+def _hand_written(state: dict, path):
+    """The recorded run as a hand-written trainer logs it: ``type: rollout`` records counted by ``grpo_step`` under
+    its own names, and a ``type: eval`` record with ``val_accuracy`` every tenth step."""
+    lines = []
+    for rec in state["log_history"]:
+        if "reward" not in rec:
+            continue
+        own = {"type": "rollout", "grpo_step": rec["step"], "rollout_reward_mean": rec["reward"],
+               "rollout_reward_std": rec["reward_std"], "mean_response_length": rec["completions/mean_length"],
+               "gradient_norm": rec["grad_norm"],
+               "answer_accuracy": rec["rewards/correctness_reward/mean"],
+               "format_accuracy": rec["rewards/format_reward/mean"]}
+        lines.append(own)
+        if rec["step"] % 10 == 0:
+            lines.append({"type": "eval", "grpo_step": rec["step"], "val_accuracy": own["answer_accuracy"]})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _alarms(findings):
+    return {f.detector for f in findings if f.severity in ALARMS and f.detector not in EVAL_ONLY}
+
+
+@pytest.mark.parametrize("case", ["lr_100x_log1_rank1", "lr_100x_log5_rank2", "healthy_log5_rank1"])
+def test_a_hand_written_trainers_jsonl_is_judged_by_its_names_without_map(case, tmp_path):
+    """Its names say reward, length, accuracy: they are mapped, the mapping is shown, and the run gets the
+    diagnosis the same run gets under TRL's names."""
+    from grpo_monitor.analysis.report import render_text
+
+    state_path = MADE / f"{case}.trainer_state.json"
+    path = _hand_written(json.loads(state_path.read_text()), tmp_path / "train_log.jsonl")
+    report = analyze(path)
+    (run,) = report.runs
+    mapped = {n: m["to"] for n, m in run.names["mapped"].items()}
+    assert mapped == HAND_WRITTEN
+    text = render_text(report)
+    assert "names: " in text and "rollout_reward_mean → reward" in text and "--map" not in text.split("names: ")[0]
+    assert not any("--map" in why for why in run.not_judged.values()), run.not_judged
+    for judged in ("no_learning_signal", "reward_function_bug", "sudden_collapse", "train_eval_divergence"):
+        assert judged not in run.not_judged, (judged, run.not_judged.get(judged))
+    assert report.to_dict()["runs"][0]["names"]["mapped"]["answer_accuracy"]["to"] == HAND_WRITTEN["answer_accuracy"]
+    original = analyze(state_path).runs[0]
+    assert run.verdict == original.verdict
+    assert _alarms(run.findings) == _alarms(original.findings)

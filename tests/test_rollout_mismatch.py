@@ -240,4 +240,7 @@ def test_the_mismatch_fix_joins_the_restart_protocol(tmp_path):
     cfg = read_run(lineage.segments[1].run_dir).header["config"]
     assert cfg["vllm_importance_sampling_correction"] is True
     assert (cfg["vllm_importance_sampling_clip_min"], cfg["vllm_importance_sampling_clip_max"]) == (0.5, 2.0)
-    assert lineage.segments[1].global_step == 5
+    # The cure is in force in the second segment and the mismatch came back: no change is left, the run stops.
+    assert lineage.segments[1].global_step == 3
+    (stop,) = [n for n in read_run(lineage.segments[1].run_dir).notes if n.get("event") == "stopped"]
+    assert "is_correction" in stop["message"] and "in force already" in stop["message"]

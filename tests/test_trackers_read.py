@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS, LOGGING_STEPS = 24, 2
 
 # A reward that pays every completion alike: no group has a spread, so the run raises a finding
-# (no learning signal) whatever the trajectory, and the readers must agree on a finding, not on silence.
+# (a reward that never pays) whatever the trajectory, and the readers must agree on a finding, not on silence.
 SCRIPT = f"""
 import sys
 from grpo_monitor.app.demo import build_trainer, demo_config
@@ -132,7 +132,8 @@ def test_analyze_gives_the_same_findings(run):
     reports = {kind: analyze_json(path) for kind, path in run.items()}
     ref = reports["trainer_state"]
     assert ref["judged_by"], ref  # enough logged points for detectors to judge: the comparison means something
-    assert "no_learning_signal" in {f["detector"] for f in ref["findings"]}, ref["findings"]
+    # No group has a spread and the gradient is 0: the reward that never pays is named.
+    assert "reward_function_bug" in {f["detector"] for f in ref["findings"]}, ref["findings"]
     for kind, report in reports.items():
         assert report["steps"] == ref["steps"] == STEPS // LOGGING_STEPS, kind
         assert findings(report) == findings(ref), kind

@@ -337,8 +337,10 @@ def prepare_names(src: Any, mapping: Mapping[str, str] | None = None) -> tuple[A
                     values[n].append(v)
         words = resolve(left, values, known=[n for n in names if n not in mapped] + list(renames.values()))
         renames.update(words.mapping)
-        if words.mapping or words.ambiguous:
-            src.meta["names"] = {"mapped": {n: {"to": t, "by": words.how[n]} for n, t in words.mapping.items()},
+        spelled = {n: {"to": t, "by": "a known spelling"} for n, t in (src.meta.get("spellings") or {}).items()}
+        if words.mapping or words.ambiguous or spelled:
+            src.meta["names"] = {"mapped": {**spelled, **{n: {"to": t, "by": words.how[n]}
+                                                         for n, t in words.mapping.items()}},
                                  "ambiguous": words.ambiguous}
     probe = dict.fromkeys(names, 0.0)
     derives = derive_metrics(probe) is not None
@@ -1226,11 +1228,11 @@ def names_line(names: Mapping[str, Any]) -> str:
     """The names a log's own words were mapped by, in one line (``--map`` overrides any of them).
 
     >>> names_line({"mapped": {"rollout_reward_mean": {"to": "reward", "by": "reward + mean"}}, "ambiguous": {}})
-    'rollout_reward_mean → reward (reward + mean), mapped by their words; --map NAME=METRIC overrides'
+    'rollout_reward_mean → reward (reward + mean), mapped by their words and known spellings; --map NAME=METRIC overrides'
     """
     parts = [f"{n} → {m['to']} ({m['by']})" for n, m in (names.get("mapped") or {}).items()]
     parts += [f"{', '.join(ns)}: left unmapped, each could be {t}" for t, ns in (names.get("ambiguous") or {}).items()]
-    return "; ".join(parts) + ", mapped by their words; --map NAME=METRIC overrides"
+    return "; ".join(parts) + ", mapped by their words and known spellings; --map NAME=METRIC overrides"
 
 
 def device_lines(run: RunReport) -> list[str]:

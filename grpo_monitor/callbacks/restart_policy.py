@@ -34,18 +34,23 @@ class Halt:
         """The run log's note for it (``event: "stopped"``), which ``analyze`` reports as the run's status."""
         return {"type": "note", "step": self.step, "level": "warning", "event": "stopped", "detector": self.detector,
                 "message": f"stopped by the monitor at step {self.step}: {self.detector} ({self.severity}) has no "
-                           f"configuration cure: {self.reason}", "advice": self.advice, "cost": self.cost}
+                           f"configuration cure left: {self.reason}", "advice": self.advice, "cost": self.cost}
 
 
 def without_cure(finding: Finding, context: RunContext) -> bool:
     """A confirmed finding no ``GRPOConfig`` change cures: a critical one with neither a variant nor an override
-    (a reward bug, an engine fault), or a task the diagnosis calls saturated (stopping is the advice itself)."""
+    nor a remedy the recommender knows (a reward bug, an engine fault), or a task the diagnosis calls saturated
+    (stopping is the advice itself), or one whose cure the run's config has already. A finding whose cure the
+    restart budget leaves untried has one: the run trains on, as the budget says."""
     if finding.detector.startswith("config_") or finding.severity == "info":
         return False
     ev = finding.evidence or {}
     if ev.get("signal") == "saturated" and finding.detector == "no_learning_signal":
         return True
-    return finding.severity == "critical" and finding.variant is None and not finding.config_overrides
+    return (finding.severity == "critical" and finding.variant is None and not finding.config_overrides
+            and recommend(finding.to_dict(), context.config, is_moe=context.is_moe, tried=[]) is None)
+
+
 logger = logging.getLogger("grpo_monitor")
 
 
@@ -76,7 +81,11 @@ class RestartPolicy:
         for f in findings:
             if without_cure(f, context):
                 ev = f.evidence or {}
-                return Halt(step=int(state.global_step), detector=f.detector, severity=f.severity, reason=f.message,
+                # A cure the run's config already has (a restart applied it) and the failure back: nothing left to change.
+                cure = recommend(f.to_dict(), {}, is_moe=context.is_moe, tried=[])
+                reason = (f"its configuration cure ({cure['variant']}) is in force already and it came back: {f.message}"
+                          if cure is not None else f.message)
+                return Halt(step=int(state.global_step), detector=f.detector, severity=f.severity, reason=reason,
                             advice=str(ev.get("advice") or "fix what the finding names, then start a new run"),
                             cost=dict(ev.get("cost") or {}))
         return None
@@ -116,7 +125,7 @@ class RestartPolicy:
             from grpo_monitor.core.cost import cost_phrase
 
             spent = cost_phrase(halt.cost) if halt.cost else ""
-            logger.warning("grpo-monitor: stopping at step %d without a restart: %s (%s) has no configuration cure. %s%s "
+            logger.warning("grpo-monitor: stopping at step %d without a restart: %s (%s) has no configuration cure left. %s%s "
                            "Next: %s", halt.step, halt.detector, halt.severity, halt.reason,
                            f" Cost so far: {spent}." if spent else "", halt.advice)
         return halt.record()

@@ -33,11 +33,14 @@ from typing import Any
 from grpo_monitor.core.run_signals import RunSignals, is_format_name
 from grpo_monitor.detectors.base import Finding, RunContext
 from grpo_monitor.detectors.numbers import finite
+from grpo_monitor.detectors.signals import completions_per_step
 from grpo_monitor.detectors.stats import median
 from grpo_monitor.detectors.sudden_collapse import REMEDY as LOWER_LR, lowered_learning_rate
 from grpo_monitor.detectors.variants import EXTRA_ADVICE, preset
 
 SEVERITY_LEVEL = {"info": 0, "warning": 1, "critical": 2}
+_NEVER_PAYS_COMPLETIONS = 128
+_TRL_COMPLETIONS_PER_STEP = 8  # per_device_train_batch_size=8 on one process
 # Detectors whose finding, right after a jump of the learning rate or the gradient norm, is that jump's doing.
 _AFTER_A_JUMP = ("degenerate_long_cot", "broken_generation", "entropy_collapse", "no_learning_signal", "entropy_rise",
                  "length_collapse")
@@ -88,6 +91,8 @@ class Diagnosis:
             if j is None:
                 out.append(f)
                 self._book(f.detector, f.detector, SEVERITY_LEVEL[f.severity])
+                if f.detector == "no_learning_signal":
+                    self.undetermined = f  # no cause named yet: judged again as the run goes on
                 continue
             g = self._apply(f, j)
             if g.severity == "info" and j.cause is None:
@@ -394,7 +399,10 @@ class Diagnosis:
             return None
         key, series = task
         key = self._name(key)
-        best, now = series.best, series.recent
+        # Where the reward stands over the stretch without signal (a short stretch is outweighed in the recent window).
+        stretch = (f.evidence or {}).get("points_in_a_row")
+        best = series.best
+        now = series.latest(min(stretch, series.window)) if isinstance(stretch, int) and stretch >= 1 else series.recent
         if best is None or now is None:
             return None
         if best - now <= max(2.0 * series.spread, 0.1 * abs(best), 1e-9):
@@ -427,6 +435,12 @@ class Diagnosis:
             return None
         varying = set(sig.varying_components())
         correct = sig.correctness.name
+        # Enough completions scored to call a 0 "never pays" rather than "not yet" (a hard task, two completions a
+        # step): as many as the reward-function detector wants before its critical. A log without its config is
+        # read with TRL's defaults (eight completions a step), so a run reads the same with its config or without.
+        per = completions_per_step(self.context.config) or _TRL_COMPLETIONS_PER_STEP
+        if min(s.seen for s in comps.values()) * per * sig.steps_per_point() < _NEVER_PAYS_COMPLETIONS:
+            return None
         # "Never pays": constant at or below 0 (a positive constant pays everything alike: saturated, or free).
         if correct in comps and correct not in varying and comps[correct].seen >= 4 and comps[correct].recent_vals[-1] <= 0:
             return correct, comps[correct].recent_vals[-1]
@@ -523,7 +537,15 @@ class Diagnosis:
         """Format up, correctness flat: not a divergence while another task component carries the learning."""
         ev = f.evidence or {}
         if ev.get("pattern") == "saturated":
-            return None  # a component paying everything from the start: partial credit elsewhere does not refute it
+            # A component paying everything from the start: partial credit elsewhere does not refute it. But the
+            # correctness beside it that never pays is the reward bug already named, and where the run's groups have
+            # lost their spread it is the no-signal episode already raised: the same cause, seen from its parts.
+            dead = self._dead_task_reward()
+            for cause, because in (("reward_function_bug", dead is not None and f"{dead[0]} never pays"),
+                                   ("no_learning_signal", "the groups carry no reward spread")):
+                if because and cause in self.emitted:
+                    return Judgement(cause, f.severity, [because, f"{ev.get('component')} pays everything from the start"])
+            return None
         rising = str(ev.get("component") or "")
         correct = (ev.get("correctness") or {}).get("metric") if isinstance(ev.get("correctness"), Mapping) else None
         besides = [rising] + ([correct[len("rewards/"):-len("/mean")]] if isinstance(correct, str) and correct.startswith("rewards/") else [])

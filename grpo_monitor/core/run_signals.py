@@ -41,7 +41,7 @@ class Series:
     run has shown) and a thinned history for trend tests."""
 
     __slots__ = ("best", "best_step", "early_vals", "early_points", "history", "history_steps", "keep_every",
-                 "lowest", "n", "recent_vals", "seen", "window")
+                 "lowest", "max", "min", "n", "recent_vals", "seen", "window")
 
     def __init__(self, window: int = 8, early_points: int = 8, history: int = 128) -> None:
         self.window = window
@@ -56,9 +56,14 @@ class Series:
         self.keep_every = 1
         self.seen = 0
         self.n = history
+        # Every value's extremes, however brief (a sparse reward that paid once in the middle of the run has moved).
+        self.min: float | None = None
+        self.max: float | None = None
 
     def push(self, step: int, v: float) -> None:
         self.recent_vals.append(v)
+        self.min = v if self.min is None or v < self.min else self.min
+        self.max = v if self.max is None or v > self.max else self.max
         if len(self.early_vals) < self.early_points + 1:
             self.early_vals.append(v)
         self.seen += 1
@@ -271,12 +276,8 @@ class RunSignals:
 
     def varying_components(self) -> list[str]:
         """The reward components whose logged mean has moved at all."""
-        out = []
-        for n, s in self.components.items():
-            vals = [*s.early_vals, *s.recent_vals]
-            if vals and max(vals) - min(vals) > 1e-9 * max(1.0, abs(vals[0])):
-                out.append(n)
-        return out
+        return [n for n, s in self.components.items()
+                if s.max is not None and s.min is not None and s.max - s.min > 1e-9 * max(1.0, abs(s.early_vals[0]))]
 
     def zero_variance_share(self, points: int = 16) -> float | None:
         """The mean share of groups without reward spread over the last ``points`` logged points."""

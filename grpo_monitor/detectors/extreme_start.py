@@ -22,10 +22,16 @@ ADVICE = ("Check the learning-rate warm-up (warmup_ratio or warmup_steps), that 
           "weights were loaded.")
 # Scale quantities only: the GRPO loss is centred on 0 (a settled loss near 0 makes any first value look extreme).
 WATCHED = ("grad_norm", "kl")
+# Where a first value is out of the ordinary by itself: a gradient norm ten times TRL's default clip
+# (max_grad_norm=1.0), a KL of a nat per token against the reference the policy starts from. A run whose norm falls
+# to nothing once its groups lose their spread makes an ordinary first point look large against what follows;
+# these floors keep that from being called extreme.
+FLOOR = {"grad_norm": 10.0, "kl": 1.0}
 
 
 class ExtremeStart(Detector):
-    """The first logged value of the gradient norm or the KL ``factor`` times the run's settled level or more.
+    """The first logged value of the gradient norm or the KL ``factor`` times the run's settled level or more, and
+    out of the ordinary by itself (``FLOOR``).
 
     Parameters: ``factor`` (how far above the settled level counts as extreme), ``settle_points`` (points after
     the first, at least this many before judging; the settled level is the median of all of them).
@@ -85,7 +91,7 @@ class ExtremeStart(Detector):
             if len(vals) < self.settle_points:
                 continue
             settled = abs(median(vals))
-            if settled > 0 and abs(v0) >= self.factor * settled:
+            if settled > 0 and abs(v0) >= self.factor * settled and abs(v0) >= FLOOR[k]:
                 extreme[k] = {"first": finite(v0), "at_step": s0, "settled": finite(settled)}
         if not extreme:
             return Assessment(0, {})

@@ -70,6 +70,10 @@ class NoLearningSignal(Detector):
         # The flagged points (step, number of conditions). Only the trailing run of them is ever read,
         # so an unflagged point is not stored: it only ends the run.
         self.flags = Window(64)
+        # Alongside: whether each flagged point had every completion cut at the cap (1) or not (0).
+        self.cut = Window(64)
+        # The reward at each flagged point: where the stretch sits (its latest point may be an outlier).
+        self.flat_rewards = Window(64)
         # The share of groups without spread at each point (``reward_std`` 0 counts as all, above 0 as none),
         # for the stretch average.
         self.zero = Window(64)
@@ -86,6 +90,8 @@ class NoLearningSignal(Detector):
         # The run's own history of signal: points where most groups had a reward spread.
         self.signal_points = 0
         self.signal_steps = 0  # training steps those points cover
+        # Every point so far with reward spread 0 and gradient exactly 0: the policy has never moved.
+        self._still = True
         self.last_signal_step: int | None = None
         self.best_reward: float | None = None
         self.lost = False
@@ -165,8 +171,12 @@ class NoLearningSignal(Detector):
             self.correct_recent.append(c)
             self.correct_unit = self.correct_unit and 0.0 <= c <= 1.0
         flags = self.flags
+        self._still = self._still and "zero_reward_std_and_gradient" in conds
         if conds:
             flags.push(step, len(conds))
+            self.cut.push(step, 1.0 if "all_truncated" in conds else 0.0)
+            if r is not None:
+                self.flat_rewards.push(step, r)
             self._run = min(self._run + 1, flags.maxlen)
         else:
             if fz is None or fz <= 0.5:
@@ -188,13 +198,20 @@ class NoLearningSignal(Detector):
         long_sustained = run >= 2 * need and covered >= 2 * self.persist_steps
         had = self.signal_points >= k and self.signal_steps >= self.persist_steps
         solved = self._solved({})
-        if not had and not solved:
+        if not had and not solved and not self._still:
             # No stretch of signal as long as the one that calls it gone: a model often needs a while before its
             # completions differ at all (at the cap, all alike, in its first steps), so the stretch that counts is
-            # three times as long, and six for critical on one sign alone.
+            # three times as long, and six for critical on one sign alone. Not while the gradient has been exactly
+            # 0 at every point with its reward spread 0: the policy has not moved, so waiting changes nothing.
             sustained = sustained and covered >= 3 * self.persist_steps
             long_sustained = long_sustained and covered >= (6 if len(conds) < 2 else 3) * self.persist_steps
         ev = _evidence(conds, run, k, self.level)
+        if run:
+            ev["all_truncated_share"] = round(sum(self.cut.last(run)) / min(run, len(self.cut)), 4)
+            flat = [v for s_, v in zip(list(self.flat_rewards.steps)[-run:], self.flat_rewards.last(run))
+                    if s_ >= flags.steps[-run]]
+            if flat:
+                ev["stretch_reward"] = finite(median(flat))
         if self.last_reward is not None:
             ev["reward"] = self.last_reward
         ev["signal"] = "never_had"
@@ -251,16 +268,21 @@ class NoLearningSignal(Detector):
                     f"(reward up to {evidence.get('best_reward')}, now {reward}), so the task is learnable and the "
                     f"policy collapsed. Resume from a checkpoint saved before the onset with {change}, or with the "
                     "variant a collapse detector names; training on wastes compute.")
-        if "all_truncated" in conds:
+        # The cap is the cause only where most of the stretch was cut, not where its latest point happened to be.
+        if "all_truncated" in conds and evidence.get("all_truncated_share", 1.0) >= 0.5:
             cap = f" (now {self.cap}; try {2 * self.cap} or more)" if self.cap else ""
             advice = f"every completion is cut at the length cap: raise max_completion_length{cap} or ask for shorter answers."
         elif evidence.get("signal") == "saturated":
             advice = (f"the task is solved: every group scores alike at the run's best reward ({reward}), so nothing is left "
                       "to learn from; use harder prompts, or stop the run.")
-        elif reward is not None and reward <= 0:
+        elif evidence.get("stretch_reward", reward) is not None and evidence.get("stretch_reward", reward) <= 0:
             advice = "every completion scores the same zero reward: the task is too hard for the model or the reward never pays; use easier prompts or partial credit."
         else:
-            advice = "every completion in a group scores the same: make the task harder or the reward finer-grained."
+            g = (self.context.config or {}).get("num_generations")
+            few = (f" (num_generations={g}: two or four completions easily agree; raise it to 8 or more)"
+                   if isinstance(g, int) and not isinstance(g, bool) and g <= 4 else "")
+            advice = ("every completion in a group scores the same: more completions per prompt or a finer-grained reward "
+                      f"bring the spread back{few}; if the model has mastered these prompts, use harder ones.")
         lead = "No learning signal" if severity == "critical" else "The learning signal is vanishing"
         return f"{lead}: {advice} No GRPO variant fixes this; the run is wasting compute."
 

@@ -198,6 +198,12 @@ class Normalizer:
         # ``owned``: callers hand over dicts nobody else holds, so one already in canonical names
         # with float values (our own run log) is returned as it is instead of copied.
         self._owned = owned
+        self._spelled: dict[str, str] = {}
+
+    def spellings(self) -> dict[str, str]:
+        """The log's own names that a known spelling renamed (``gradient_norm`` -> ``grad_norm``), for the
+        report to say; a tracker's prefix alone (``train/reward``) is not a renaming worth saying."""
+        return dict(self._spelled)
 
     def __call__(self, logs: Mapping[str, Any]) -> Metrics:
         keys = tuple(logs)
@@ -239,6 +245,7 @@ class Normalizer:
             return None
         pairs = plan_names(keys, self._drop)
         names = tuple(name for _, name in pairs)
+        self._spelled.update((key, name) for key, name in pairs if _renamed(key, name))
         pick = operator.itemgetter(*(key for key, _ in pairs)) if pairs else (lambda logs: ())
         return names, pick, self._owned and names == keys
 
@@ -256,6 +263,10 @@ def plan_names(keys: Iterable[str], drop: frozenset[str] = frozenset()) -> list[
             continue
         out[name] = key
     return [(key, name) for name, key in out.items() if name not in drop]
+
+
+def _renamed(key: str, name: str) -> bool:
+    return key != name and key.rsplit("/", 1)[-1] != name.rsplit("/", 1)[-1] and not key.endswith("/" + name)
 
 
 _FLOATS = frozenset({float, type(None)})

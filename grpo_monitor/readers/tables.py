@@ -280,6 +280,8 @@ def table_source(path: Path, table: Table, notes: Sequence[str] = (), found: int
     if not len(steps):
         raise SourceError(path, f"{table.describe()}: no row with an integer step")
     finish(src, steps, "rows")
+    if spelled := norm.spellings():
+        src.meta["spellings"] = spelled
     src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
     src.meta["table"] = table.describe()
     src.meta["steps_from"] = f"the '{header[col]}' column"

@@ -98,6 +98,8 @@ def read_jsonl(path: Path) -> Source:
     if held_out:
         src.warnings.append(f"{path}: {held_out} evaluation record(s) (their type says so) read as held-out metrics")
     finish(src, table, "lines")
+    if spelled := norm.spellings():
+        src.meta["spellings"] = spelled
     src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
     return src
 
