@@ -109,6 +109,7 @@ class Case:
 @dataclass
 class Outcome:
     alarms: list = field(default_factory=list)  # (detector, severity, step, variant, advice)
+    findings: list = field(default_factory=list)  # ours: the alarming findings themselves, for the one judge
 
 
 def load_cases(seeds: int) -> list[Case]:
@@ -134,7 +135,8 @@ def run_ours(case: Case) -> Outcome:
     session = open_session(case.context)
     for step, metrics in case.steps:
         session.update(step, metrics, case.samples.get(step, []))
-    return Outcome([(f.detector, f.severity, f.step, f.variant, f.message) for f in session.findings if f.severity in ALARM])
+    alarming = [f for f in session.findings if f.severity in ALARM]
+    return Outcome([(f.detector, f.severity, f.step, f.variant, f.message) for f in alarming], alarming)
 
 
 def rlwatch_kwargs(metrics: dict) -> dict:
@@ -180,7 +182,7 @@ def score(case: Case, out: Outcome, ours: bool) -> dict:
     res: dict[str, Any] = {"healthy": not expect}
     if ours:
         # The one judge: any expected detector counts, the variant on any of them; allowed alarms are no false alarm.
-        v = judge(labels, [{"detector": a[0], "severity": a[1], "step": a[2], "variant": a[3]} for a in out.alarms])
+        v = judge(labels, out.findings)
         if not expect:
             res["false_alarm"] = v.kind == "false"
             return res

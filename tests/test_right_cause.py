@@ -79,7 +79,26 @@ def test_a_learning_rate_a_hundred_times_too_high_is_a_learning_rate_finding(cas
     lr = collapse[0].config_overrides.get("learning_rate")
     # A hundred times lower where the config is known (a tenth rarely saves a policy that broke in its first updates).
     assert lr is None and case.endswith(".json") or lr == pytest.approx(configured / 100)
+    # No variant cures a policy its updates broke: under auto-restart a DAPO alarm would restart at the same rate.
+    assert not [f for f in findings if f.severity in ALARMS and f.variant], [(f.detector, f.variant) for f in findings]
     _never_solved_nor_engine(findings)
+
+
+@pytest.mark.parametrize("logging_steps", [1, 10])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_text_gone_to_the_cap_in_the_first_updates_is_the_learning_rate_not_dapo(logging_steps, seed):
+    """The synthetic kind of the same failure, falling over five updates rather than two: the completions reach the
+    cap with the entropy up before every group scores alike, which reads like degeneration but is no drift."""
+    from grpo_monitor.core.session import open_session
+    from grpo_monitor.fixtures.synthetic import generate
+
+    run = generate("broken_by_first_updates", seed=seed, logging_steps=logging_steps)
+    session = open_session(run.context)
+    session.replay(run.steps, run.samples)
+    alarms = [f for f in session.findings if f.severity in ALARMS]
+    assert alarms and alarms[0].detector in ("sudden_collapse", "broken_generation"), [(f.detector, f.step) for f in alarms]
+    assert "learning_rate" in alarms[0].config_overrides
+    assert not [f for f in alarms if f.variant], [(f.detector, f.variant) for f in alarms]
 
 
 @pytest.mark.parametrize("case", ["per_word_bonus_log1_rank1", "per_word_bonus_log1_rank2"])

@@ -44,6 +44,7 @@ _TRL_COMPLETIONS_PER_STEP = 8  # per_device_train_batch_size=8 on one process
 # Detectors whose finding, right after a jump of the learning rate or the gradient norm, is that jump's doing.
 _AFTER_A_JUMP = ("degenerate_long_cot", "broken_generation", "entropy_collapse", "no_learning_signal", "entropy_rise",
                  "length_collapse")
+_TEXT_SHAPE = ("degenerate_long_cot", "entropy_rise", "length_collapse")  # broken_generation: its own rule
 
 
 @dataclasses.dataclass
@@ -74,6 +75,7 @@ class Diagnosis:
         # The latest no-learning-signal finding as raised, while its episode is open and its cause not yet named:
         # re-judged at every step, since the cause (an entropy that goes on falling) often shows after the symptom.
         self.undetermined: Finding | None = None
+        self._falling = (-1, 0)  # (logged point last tested, logged points in a row the correctness was seen falling)
         # A reward-function finding kept at info because another component carries the learning: judged again at
         # every step, since that may stop (the correctness falls), and then it is raised at its harm.
         self.revisit: Finding | None = None
@@ -183,9 +185,10 @@ class Diagnosis:
     def _after_a_jump(self, f: Finding) -> Judgement | None:
         """The task reward fell right after the learning rate or the gradient norm jumped: a learning-rate
         finding with the last healthy learning rate, whatever the completions did next. (Not where a train-inference
-        mismatch was raised first: its gradient spikes and crash are the mismatch's, which has its own cure.)"""
+        mismatch or a MoE instability was raised first: its gradient spikes and crash are that failure's, which has
+        its own cure.)"""
         sig = self.signals
-        if "rollout_mismatch" in self.emitted:
+        if "rollout_mismatch" in self.emitted or "moe_instability" in self.emitted:
             return None
         at = f.onset_step if f.onset_step is not None else f.step
         jump = sig.jump_before(at, within=max(10, 3 * sig.steps_per_point()))
@@ -220,6 +223,12 @@ class Diagnosis:
         learning rate far too high breaks a warm-started policy at once): a learning-rate finding, the rate lowered
         a hundredfold, since one order of magnitude rarely saves a policy that broke this fast."""
         fall = self.signals.fell_at_start()
+        if fall is None and f.detector in _TEXT_SHAPE and not {"moe_instability", "rollout_mismatch"} & set(self.emitted):
+            # Text gone long or repetitive within the first updates, the reward down with it: no drift takes so few
+            # steps (degeneration needs a baseline to drift from), and no variant cures a policy the updates broke.
+            # Raised that early, not merely dated back there (an onset estimate reaches back over a coarse log; a coarse
+            # log shows the fall by the first points instead, ``fell_at_start``).
+            fall = self.signals.fell_right_away(f.step)
         if fall is None:
             return None
         lr = lowered_learning_rate(self.context.config, 100.0)
@@ -229,7 +238,8 @@ class Diagnosis:
                           "first updates", f"{f.detector} saw what followed"], None,
                          {"learning_rate": lr} if lr is not None else {},
                          (f"The first updates broke the policy: {key} fell from {_r(fall['first'])} at the first logged step "
-                          f"to {_r(fall['now'])} within a few steps and has stayed there. The learning rate is far too high "
+                          f"to {_r(fall['now'])} within a few steps" + (" and has stayed there" if fall.get("stayed", True) else "")
+                          + ". The learning rate is far too high "
                           "for this model" + (f": restart from the initial model with learning_rate={lr} (a hundredth; a "
                                               "tenth rarely saves a policy that breaks this fast)" if lr is not None else
                                               ": restart from the initial model with a learning rate a hundred times lower")
@@ -518,6 +528,11 @@ class Diagnosis:
             return Judgement("reward_function_bug", "info", [f"{paying} pays and varies: it carries the learning"],
                              message=(f"{f.message} It adds nothing to any advantage; {paying} pays and varies, so the "
                                       "run learns from it meanwhile."))
+        if kind == "free" and is_task:
+            # Full marks on every completion from a task component while others vary: the task's signal is the broken
+            # one, so the harm is the detector's own reading (a critical once confirmed).
+            return Judgement("reward_function_bug", f.severity, ["it is the task's signal"],
+                             also=["a task the model already solves on every sample (then stop, or use harder prompts)"])
         if kind == "free" or not is_task:
             return Judgement("reward_function_bug", "warning" if f.severity != "info" else "info",
                              ["nothing else carries the learning either"])
@@ -531,7 +546,18 @@ class Diagnosis:
             return None
         c = sig.components.get(correct)
         now = c.latest() if c is not None else None
-        return correct if now is not None and now > 0 and not sig.correct.falling() else None
+        if now is None or now <= 0:
+            return None
+        return None if self._correctness_falls() else correct
+
+    def _correctness_falls(self) -> bool:
+        """The correctness seen falling at two logged points in a row: a trend test repeated at every point finds a
+        chance dip in a noisy correctness now and then; a real fall stays found."""
+        sig = self.signals
+        at = sig.points
+        if self._falling[0] != at:
+            self._falling = (at, self._falling[1] + 1 if sig.correct.falling() else 0)
+        return self._falling[1] >= 2
 
     def _divergence(self, f: Finding) -> Judgement | None:
         """Format up, correctness flat: not a divergence while another task component carries the learning."""

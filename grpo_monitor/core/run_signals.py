@@ -327,6 +327,23 @@ class RunSignals:
                         "by_step": s.history_steps[min(3, len(s.history_steps) - 1)] if s.history_steps else None}
         return None
 
+    def fell_right_away(self, at: int, within: int = 10) -> dict[str, Any] | None:
+        """The reward (or the correctness) well below its first logged level at step ``at``, itself within ``within``
+        steps of the run's first: the policy broke before any healthy baseline formed (the groups may not be all
+        alike yet). ``{"metric", "first", "now", "by_step", "stayed": False}``, else None."""
+        if self.first_step is None or at - self.first_step > within:
+            return None
+        for key in ["reward"] + ([self.correct_key] if self.correct_key else []):
+            s = self._series(key)
+            if s is None or len(s.early_vals) < 4:
+                continue
+            # No noise estimate yet (the early points hold the fall itself): lost half its first level, the median of
+            # the latest three points against that of the first three.
+            first, now = s.first_level(), s.latest()
+            if now is not None and first is not None and first > 0 and now < 0.5 * first:
+                return {"metric": key, "first": first, "now": now, "by_step": at, "stayed": False}
+        return None
+
     def all_at_zero_after_paying(self) -> bool:
         """Every reward component pays nothing now and every group scores alike, though the reward paid at the first
         logged point: the policy, not one function, stopped earning (a function reading a missing column leaves the
