@@ -95,7 +95,7 @@ class RunReport:
     # The run's segment in a restarted lineage, counted from 1 as every screen shows it (headers
     # record it from 0); None for a run that was never restarted.
     segment: int | None = None
-    # Patterns in the run that look wrong but are normal GRPO behaviour (``monitor.explain``); they
+    # Patterns in the run that look wrong but are normal GRPO behaviour (``grpo_monitor.analysis.explain``); they
     # never change the verdict.
     notes: list[dict[str, Any]] = field(default_factory=list)
     # Lines of the run's files that were not records, each left out alone: how many, and where.

@@ -6,7 +6,7 @@ to that group. After the child exits, a restart plan written by the child's moni
 launch means "restart": the command is relaunched with the plan's overrides, appended as TRL-style
 flags (``--loss_type dr_grpo ...``; parsed last, so they win in ``HfArgumentParser``/``TrlParser``
 scripts and ``trl grpo``) and passed in ``GRPO_MONITOR_OVERRIDES`` for scripts that call
-``monitor.restart.patched_args(args)`` instead. Any other exit ends supervision with the child's
+``grpo_monitor.core.restart.patched_args(args)`` instead. Any other exit ends supervision with the child's
 exit code: a crash the monitor did not ask for is never restarted. One supervisor per run
 directory (a lock file).
 """

@@ -152,7 +152,7 @@ def run_watch(path: str | os.PathLike[str], wait: bool = False) -> None:
 
     ``path`` is a run directory (followed live as it grows), its ``run.jsonl``, a Trainer output_dir
     holding one (``run_path``), or any log ``grpo-monitor analyze`` reads (replayed through the detectors). A path that cannot be shown
-    raises ``monitor.sources.SourceError`` with one line naming it and the fault, before the screen
+    raises ``grpo_monitor.readers.SourceError`` with one line naming it and the fault, before the screen
     opens where that can be known, else as the app closes. With ``wait`` a path that does not exist
     yet is waited for, and a log that cannot be read is reported on screen while the path is watched.
     """

@@ -1,9 +1,9 @@
 """The live dashboard: ``grpo-monitor watch RUN``.
 
-A thread worker follows the run directory (``monitor.tui.tail``) and posts one
+A thread worker follows the run directory (``grpo_monitor.app.dashboard.tail``) and posts one
 ``RecordsArrived`` message per poll; the app folds the records into a ``RunModel`` and tells the
 visible panel to redraw. A path that is not a run directory is read once with
-``monitor.sources.load_source`` and replayed through the detectors, so the same dashboard opens
+``grpo_monitor.readers.load_source`` and replayed through the detectors, so the same dashboard opens
 a finished run, a ``trainer_state.json``, a TensorBoard folder or a CSV/JSONL export.
 """
 
@@ -56,7 +56,7 @@ def replay_source(path: str | Path, warnings: list[str] | None = None) -> list[d
     """A foreign log (or finished run) as run-log records, findings replayed by the engine; what
     the reader said about the log (lines it skipped, ...) goes into ``warnings``.
 
-    Raises ``monitor.sources.SourceError`` (one line) when the path is not a readable log.
+    Raises ``grpo_monitor.readers.SourceError`` (one line) when the path is not a readable log.
     """
     from grpo_monitor.readers import load_source
 

@@ -3,7 +3,7 @@
 Step metrics live in columnar numpy arrays that grow by doubling, so appending a step is O(1)
 amortised and a chart reads a 100k-step history without copying it. A step record whose step
 does not advance (a run resumed from a checkpoint logs some steps again) rewinds the columns
-to that step: the latest record of a step wins, as in ``monitor.runlog.read_run``.
+to that step: the latest record of a step wins, as in ``grpo_monitor.core.runlog.read_run``.
 
 >>> m = RunModel()
 >>> _ = m.ingest([{"type": "header", "config": {"max_completion_length": 64}, "model": {}},
@@ -115,7 +115,7 @@ class RunModel:
         self.restarts: list[dict[str, Any]] = []
         self.notes: list[dict[str, Any]] = []
         self.mem_samples: list[dict[str, Any]] = []  # sample records that arrived as records
-        self.sample_indexes: list[Any] = []  # ``monitor.runlog.SampleIndex`` of each followed directory
+        self.sample_indexes: list[Any] = []  # ``grpo_monitor.core.runlog.SampleIndex`` of each followed directory
         self._index_versions: tuple[int, ...] = ()
         self._step_cache: dict[int, tuple[int, list[dict[str, Any]]]] = {}
         self.summary: dict[str, Any] | None = None

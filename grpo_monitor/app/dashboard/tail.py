@@ -7,7 +7,7 @@ record. A directory that does not exist yet is waited for. A ``restart`` record 
 ``child_run`` makes the tailer follow that directory too (a new segment of the same lineage, a
 sibling of the segment that stopped: ``core.restart.child_run_dir``).
 With ``index_samples=True`` (the dashboard) the sample files are not parsed but indexed by step
-(``monitor.runlog.SampleIndex``), a bounded number of bytes per poll, and a step's samples are
+(``grpo_monitor.core.runlog.SampleIndex``), a bounded number of bytes per poll, and a step's samples are
 read when shown: the dashboard's memory and start-up time do not grow with the samples.
 
 >>> import tempfile, pathlib

@@ -17,7 +17,7 @@ TITLE = "Looks odd but is normal"
 
 
 def notes_of(model: RunModel) -> list[dict[str, Any]]:
-    """``monitor.explain`` over what the dashboard holds: the stored columns, the latest config.
+    """``grpo_monitor.analysis.explain`` over what the dashboard holds: the stored columns, the latest config.
 
     >>> m = RunModel()
     >>> _ = m.ingest([{"type": "header", "config": {"num_iterations": 1, "gradient_accumulation_steps": 1}},
