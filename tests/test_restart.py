@@ -28,10 +28,11 @@ class PlantedFinding(Detector):
         pass
 
     def update(self, step, metrics, samples=None):
-        if step != self.at_step:
-            return []
-        return [Finding("entropy_collapse", "critical", step, step - 1, self.planted_variant, {}, {"planted": True},
-                        "planted for the test")]
+        return [self.planted(step)] if step == self.at_step else []
+
+    def planted(self, step):
+        return Finding("entropy_collapse", "critical", step, step - 1, self.planted_variant, {}, {"planted": True},
+                       "planted for the test")
 
 
 def finding(variant="dapo", severity="critical", overrides=None):
@@ -246,24 +247,16 @@ def test_cli_flags_parse_back_through_trl_argument_parser():
     assert cfg.mask_truncated_completions is True and cfg.beta == 0.0 and cfg.loss_type == "dr_grpo"
 
 
-class PlantedNoCure(Detector):
+class PlantedNoCure(PlantedFinding):
     """Raises one critical finding no configuration change cures (a reward function's bug) at a fixed step."""
 
     id = "reward_function_bug"
+    variant = None
 
-    def __init__(self, at_step: int = 3):
-        self.at_step = at_step
-        super().__init__()
-
-    def _reset_state(self):
-        pass
-
-    def update(self, step, metrics, samples=None):
-        if step != self.at_step:
-            return []
-        return [Finding("reward_function_bug", "critical", step, 1, None, {},
-                        {"advice": "run the function on a known-correct completion", "cost": {"steps": step}},
-                        "planted: correctness_reward never pays")]
+    def planted(self, step):
+        return Finding("reward_function_bug", "critical", step, 1, None, {},
+                       {"advice": "run the function on a known-correct completion", "cost": {"steps": step}},
+                       "planted: correctness_reward never pays")
 
 
 def test_auto_restart_stops_on_a_finding_no_change_cures_instead_of_training_on(tmp_path):

@@ -25,7 +25,7 @@ from grpo_monitor.detectors.base import RunContext
 from grpo_monitor.detectors.no_learning_signal import NEAR_GREEDY
 from grpo_monitor.detectors.numbers import finite
 from grpo_monitor.detectors.signals import CorrectnessSource, is_length_name, reward_names_in, reward_roles
-from grpo_monitor.detectors.stats import mad_sigma, mann_kendall, median
+from grpo_monitor.detectors.stats import Thinned, mad_sigma, mann_kendall, median
 
 # Names of format checks (tags, templates, the validity of structured output): a component that says so is
 # never the task's signal.
@@ -40,8 +40,8 @@ class Series:
     out), ``recent`` (median of the last ``window``), ``best`` (the highest recent median so far: the ceiling the
     run has shown) and a thinned history for trend tests."""
 
-    __slots__ = ("best", "best_step", "early_vals", "early_points", "history", "history_steps", "keep_every",
-                 "lowest", "max", "min", "n", "recent_vals", "seen", "window")
+    __slots__ = ("best", "best_step", "early_vals", "early_points", "lowest", "max", "min", "recent_vals", "seen",
+                 "thinned", "window")
 
     def __init__(self, window: int = 8, early_points: int = 8, history: int = 128) -> None:
         self.window = window
@@ -51,11 +51,8 @@ class Series:
         self.best: float | None = None
         self.best_step: int | None = None
         self.lowest: float | None = None
-        self.history: list[float] = []
-        self.history_steps: list[int] = []
-        self.keep_every = 1
+        self.thinned = Thinned(history)
         self.seen = 0
-        self.n = history
         # Every value's extremes, however brief (a sparse reward that paid once in the middle of the run has moved).
         self.min: float | None = None
         self.max: float | None = None
@@ -67,19 +64,21 @@ class Series:
         if len(self.early_vals) < self.early_points + 1:
             self.early_vals.append(v)
         self.seen += 1
-        if self.seen % self.keep_every == 0:
-            self.history.append(v)
-            self.history_steps.append(step)
-            if len(self.history) > self.n:  # thin by halving: the history spans the whole run, bounded
-                self.history = self.history[::2]
-                self.history_steps = self.history_steps[::2]
-                self.keep_every *= 2
+        self.thinned.push(step, v)
         if len(self.recent_vals) >= min(self.window, 3):
             m = median(list(self.recent_vals))
             if self.best is None or m > self.best:
                 self.best, self.best_step = m, step
             if self.lowest is None or m < self.lowest:
                 self.lowest = m
+
+    @property
+    def history(self) -> list[float]:
+        return self.thinned.values
+
+    @property
+    def history_steps(self) -> list[int]:
+        return self.thinned.steps
 
     @property
     def early(self) -> float | None:

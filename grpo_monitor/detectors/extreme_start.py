@@ -15,7 +15,7 @@ from typing import Any
 
 from grpo_monitor.detectors.base import Assessment, Detector, Metrics, Sample, check_float, check_int, finite
 from grpo_monitor.detectors.signals import get
-from grpo_monitor.detectors.stats import median
+from grpo_monitor.detectors.stats import Thinned, median
 
 ADVICE = ("Check the learning-rate warm-up (warmup_ratio or warmup_steps), that the reference model is the policy's "
           "starting point (the same checkpoint, an adapter merged once) and, after a resume, that the checkpoint's "
@@ -57,11 +57,9 @@ class ExtremeStart(Detector):
 
     def _reset_state(self) -> None:
         self.first: dict[str, tuple[int, float]] = {}
-        # Every value after the first, thinned by halving past 256: the level the run spends its time at (a run
-        # whose norm later falls to nothing does not make an ordinary first point look extreme).
-        self.after: dict[str, list[float]] = {k: [] for k in WATCHED}
-        self.keep_every = dict.fromkeys(WATCHED, 1)
-        self.seen = dict.fromkeys(WATCHED, 0)
+        # Every value after the first, thinned past 256: the level the run spends its time at (a run whose norm
+        # later falls to nothing does not make an ordinary first point look extreme).
+        self.after = {k: Thinned(256) for k in WATCHED}
         self.said = False
 
     def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
@@ -76,18 +74,12 @@ class ExtremeStart(Detector):
             if k not in self.first:
                 self.first[k] = (step, v)
                 continue
-            self.seen[k] += 1
-            if self.seen[k] % self.keep_every[k] == 0:
-                vals = self.after[k]
-                vals.append(v)
-                if len(vals) > 256:
-                    self.after[k] = vals[::2]
-                    self.keep_every[k] *= 2
+            self.after[k].push(step, v)
         if not seen:
             return None
         extreme: dict[str, Any] = {}
         for k, (s0, v0) in self.first.items():
-            vals = self.after[k]
+            vals = self.after[k].values
             if len(vals) < self.settle_points:
                 continue
             settled = abs(median(vals))

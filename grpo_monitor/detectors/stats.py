@@ -270,6 +270,41 @@ class SettledBaseline:
         return False
 
 
+class Thinned:
+    """Every (step, value) point of one series, thinned by halving once more than ``size`` are held: a bounded
+    history that spans the whole run (the level a run spends its time at, a trend over all of it).
+
+    >>> h = Thinned(4)
+    >>> for i in range(10):
+    ...     h.push(i, float(i))
+    >>> h.steps, h.values
+    ([0, 4, 7], [0.0, 4.0, 7.0])
+    """
+
+    __slots__ = ("keep_every", "seen", "size", "steps", "values")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.steps: list[int] = []
+        self.values: list[float] = []
+        self.keep_every = 1
+        self.seen = 0
+
+    def push(self, step: int, value: float) -> None:
+        self.seen += 1
+        if self.seen % self.keep_every:
+            return
+        self.steps.append(step)
+        self.values.append(value)
+        if len(self.values) > self.size:
+            self.steps = self.steps[::2]
+            self.values = self.values[::2]
+            self.keep_every *= 2
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
 class Window:
     """The last ``size`` (step, value) points of one series."""
 
