@@ -52,6 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.detector_cost import stationary_stream
 from benchmarks.results import RESULTS, stamp, update_section
 from grpo_monitor.detectors import ALL_DETECTORS
 from grpo_monitor.fixtures.synthetic import CASES, FAILURES, HEALTHY, generate
@@ -234,15 +235,6 @@ def summarise(rows: list[dict]) -> dict:
 
 
 # --- cost ---------------------------------------------------------------------------------------
-
-def stationary_stream(n: int):
-    """A long healthy stream: the settled part of a healthy run, tiled, with fresh step numbers."""
-    run = generate("healthy_fast_drop", seed=0, logging_steps=1)
-    body = [m for s, m in run.steps if s > 100]
-    batch = run.samples[run.steps[-1][0]]
-    for i in range(n):
-        yield i + 1, body[i % len(body)], batch
-
 
 def measure_cost(history: int, rlwatch, log_dir: str, window: int = 1000) -> dict:
     ctx = generate("healthy_fast_drop", seed=0, logging_steps=1, with_samples=False).context
@@ -499,11 +491,11 @@ def wild_runs() -> list[tuple[str, Any, dict]]:
     labels_path = WILD / "labels.json"
     if not labels_path.exists():
         return []
-    from grpo_monitor.analysis.report import analyze_one
+    from grpo_monitor.analysis.analyze import analyze
 
     out = []
     for name, labels in sorted(json.loads(labels_path.read_text()).items()):
-        out.append((name, analyze_one(WILD / labels["file"]), labels))
+        out.append((name, analyze(WILD / labels["file"]).runs[0], labels))
     return out
 
 

@@ -29,7 +29,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.detection import stationary_stream
 from grpo_monitor.detectors import ALL_DETECTORS
 from grpo_monitor.fixtures.synthetic import generate
 from grpo_monitor.core.engine import Engine
@@ -48,6 +47,15 @@ def _trimmed_mean(xs: list[float]) -> float:
     s = sorted(xs)
     s = s[: max(1, len(s) - len(s) // 100)]
     return sum(s) / len(s)
+
+
+def stationary_stream(n: int):
+    """A long healthy stream: the settled part of a healthy run, tiled, with fresh step numbers."""
+    run = generate("healthy_fast_drop", seed=0, logging_steps=1)
+    body = [m for s, m in run.steps if s > 100]
+    batch = run.samples[run.steps[-1][0]]
+    for i in range(n):
+        yield i + 1, body[i % len(body)], batch
 
 
 def measure(history: int, only: set[str] | None = None, window: int = 1000, with_samples: bool = False) -> dict[str, Any]:

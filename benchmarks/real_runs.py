@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from grpo_monitor.fixtures.judge import judge as one_judge  # noqa: E402
 from benchmarks.results import stamp, update_section  # noqa: E402
-from grpo_monitor.analysis.report import analyze  # noqa: E402
+from grpo_monitor.analysis.analyze import analyze  # noqa: E402
 
 REAL = Path(os.environ.get("GRPO_MONITOR_SHARED") or ROOT.parent / "shared") / "real-runs"
 ALARM = ("warning", "critical")

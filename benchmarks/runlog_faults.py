@@ -36,7 +36,8 @@ TARGET_S, TARGET_MB = 1.0, 100.0
 # Runs in a fresh process: the RSS before the read (imports done) and the peak after it.
 CHILD = """
 import json, resource, sys, time
-from grpo_monitor.core.runlog import RunLogError, SampleIndex, iter_records, parse_line, read_run
+from grpo_monitor.core.runlog import RunLogError, iter_records, parse_line, read_run
+from grpo_monitor.core.sample_index import SampleIndex
 from pathlib import Path
 what, path = sys.argv[1], sys.argv[2]
 rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -85,7 +86,7 @@ def cli_analyze(path: Path) -> dict:
 
 
 def write_long_run(d: Path, steps: int) -> None:
-    from grpo_monitor.core.runlog import RunWriter
+    from grpo_monitor.core.runlog_writer import RunWriter
 
     w = RunWriter(d)
     w.header(run_id="long", config={"logging_steps": 1}, model={})

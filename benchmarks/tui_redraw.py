@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import stamp, update_section  # noqa: E402
-from grpo_monitor.core.runlog import RunWriter  # noqa: E402
+from grpo_monitor.core.runlog_writer import RunWriter  # noqa: E402
 from grpo_monitor.fixtures.dashboard_run import FINDINGS, RECOMMENDATION, header, step_record  # noqa: E402
 
 TARGET_MS = 50.0

@@ -30,11 +30,12 @@ from grpo_monitor.core.runlog import RunLog, RunLogError, read_run
 from grpo_monitor.detectors.base import Finding, RunContext
 
 if TYPE_CHECKING:  # the real functions, for editors and type checkers; loaded when first used
-    from grpo_monitor.analysis.report import analyze
+    from grpo_monitor.analysis.analyze import AnalyzeOptions, analyze
     from grpo_monitor.callbacks.attach import attach
     from grpo_monitor.callbacks.restarts import run_with_restarts
 
 __all__ = [
+    "AnalyzeOptions",
     "Engine",
     "Finding",
     "RunContext",
@@ -50,7 +51,8 @@ __all__ = [
 
 # Public functions whose modules load only when used: the training side imports transformers and torch.
 _LAZY = {
-    "analyze": "grpo_monitor.analysis.report",
+    "AnalyzeOptions": "grpo_monitor.analysis.analyze",
+    "analyze": "grpo_monitor.analysis.analyze",
     "attach": "grpo_monitor.callbacks.attach",
     "run_with_restarts": "grpo_monitor.callbacks.restarts",
 }
@@ -73,7 +75,7 @@ def load_run(path: str | os.PathLike[str], logging_steps: int | None = None,
              mapping: Mapping[str, str] | Sequence[str] | None = None) -> Any:
     """Any supported run (run directory, trainer_state.json, TensorBoard, CSV, JSONL, console log, W&B or
     trackio run) as a DataFrame. ``logging_steps`` numbers a console log's dicts where the log does not say;
-    ``mapping`` reads a column as a metric (``{"score_mean": "reward"}``), as ``analyze(..., mapping=)`` does.
+    ``mapping`` reads a column as a metric (``{"score_mean": "reward"}``), as ``analyze(..., AnalyzeOptions(mapping=...))`` does.
 
     A file holding several runs (a results JSON with one run per arm) gives them one after the other,
     with a ``run`` column naming each. A run directory that was restarted gives all its segments, one
@@ -83,22 +85,22 @@ def load_run(path: str | os.PathLike[str], logging_steps: int | None = None,
     """
     from grpo_monitor.core.restart import lineage_dirs
     from grpo_monitor.core.runlog import is_run_dir
-    from grpo_monitor.core.runlog import load_run as _load_run_dir
+    from grpo_monitor.core.runlog import run_frame
 
     if is_run_dir(path):
         dirs = lineage_dirs(path)
         if len(dirs) == 1:
-            frame = _load_run_dir(path)
+            frame = run_frame(path)
         else:
             import pandas as pd
 
-            frame = pd.concat([_load_run_dir(d).assign(segment=i) for i, d in enumerate(dirs)])
+            frame = pd.concat([run_frame(d).assign(segment=i) for i, d in enumerate(dirs)])
         if mapping:
-            from grpo_monitor.analysis.report import parse_mapping
+            from grpo_monitor.analysis.prepare import parse_mapping
 
             frame = frame.rename(columns=parse_mapping(mapping))
         return frame
-    from grpo_monitor.analysis.report import parse_mapping, prepare
+    from grpo_monitor.analysis.prepare import parse_mapping, prepare
     from grpo_monitor.readers import load_source
 
     src = load_source(path, logging_steps=logging_steps)

@@ -712,12 +712,12 @@ def test_analyze_alerts_failure_has_its_own_exit_code(tmp_path):
 
 
 def test_analyze_alerts_analyses_each_run_once(tmp_path, hook, monkeypatch, capsys):
-    import grpo_monitor.analysis.report as report
+    import grpo_monitor.analysis.analyze as analysis
     from grpo_monitor.app.cli import main
 
     calls = []
-    real = report.analyze_run
-    monkeypatch.setattr(report, "analyze_run", lambda p, *a, **k: calls.append(str(p)) or real(p, *a, **k))  # a spy
+    real = analysis._runs_of
+    monkeypatch.setattr(analysis, "_runs_of", lambda p, *a, **k: calls.append(str(p)) or real(p, *a, **k))  # a spy
     bad = _stalled_export(tmp_path / "stalled.jsonl", True)
     good = _stalled_export(tmp_path / "fine.jsonl", False)
     assert main(["analyze", str(bad), str(good), "--alerts", hook.url(), "--alerts-min-severity", "info"]) == 1

@@ -17,8 +17,11 @@ import pytest
 
 import grpo_monitor as monitor
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.analysis.report import analyze, discover_runs, parse_mapping
-from grpo_monitor.core.runlog import RunWriter, read_run
+from grpo_monitor.analysis.analyze import analyze
+from grpo_monitor.analysis.discovery import discover_runs
+from grpo_monitor.analysis.prepare import parse_mapping
+from grpo_monitor.core.runlog_writer import RunWriter
+from grpo_monitor.core.runlog import read_run
 
 
 def cli(*args):
@@ -84,7 +87,7 @@ def test_unrecognised_csv_header_names_its_columns_and_map_makes_it_readable(tmp
     run = json.loads(mapped.stdout)["runs"][0]
     assert "length_reward_coupling" in run["judged_by"] and run["verdict"] != "cannot_judge"
     assert mapped.returncode == (1 if run["verdict"] in ("warning", "critical") else 0)
-    report = monitor.analyze(path, mapping={"alpha": "reward", "beta": "length"})
+    report = monitor.analyze(path, monitor.AnalyzeOptions(mapping={"alpha": "reward", "beta": "length"}))
     assert [f.detector for f in report.runs[0].findings] == [f["detector"] for f in run["findings"]]
     frame = monitor.load_run(path, mapping={"alpha": "reward"})
     assert "reward" in frame.columns and "alpha" not in frame.columns
@@ -278,3 +281,65 @@ def test_analyze_of_a_folder_never_reads_the_tools_own_saved_reports_as_logs(tmp
         assert f"skipped {root / name}: a grpo-monitor" in text and "not a training log" in text
     given = cli(root / "report.json")
     assert given.returncode == 2 and "a grpo-monitor analyze --json report, not a training log" in given.stderr
+
+
+def test_a_long_analysis_shows_one_progress_line_on_a_terminal_and_leaves_the_report_alone(tmp_path, capsys):
+    import io
+
+    from grpo_monitor.app.analyze_cmd import Progress, run_cli
+
+    run_dir = write_run(tmp_path / "run")
+    screen = io.StringIO()
+    code = run_cli([str(run_dir)], monitor.AnalyzeOptions(), as_json=True, progress=Progress(screen, after=0.0, tty=True))
+    out = capsys.readouterr()
+    doc = json.loads(out.out)  # stdout holds the report and nothing else
+    assert code == doc_code(doc) and out.err == ""
+    drawn = [part for part in screen.getvalue().split("\r\x1b[2K") if part]
+    steps = len(read_run(run_dir).steps)
+    assert drawn and drawn[-1] == f"grpo-monitor: {run_dir}: replayed {steps} of {steps} steps (100%)"
+    assert screen.getvalue().endswith("\r\x1b[2K")  # the line is cleared once the report is out
+
+    quiet = io.StringIO()  # a pipe, a CI log: nothing
+    run_cli([str(run_dir)], monitor.AnalyzeOptions(), as_json=True, progress=Progress(quiet, after=0.0, tty=False))
+    capsys.readouterr()
+    assert quiet.getvalue() == ""
+    slow_start = io.StringIO()  # an analysis that ends before the threshold says nothing either
+    run_cli([str(run_dir)], monitor.AnalyzeOptions(), progress=Progress(slow_start, after=3600.0, tty=True))
+    capsys.readouterr()
+    assert slow_start.getvalue() == ""
+
+
+def doc_code(doc: dict) -> int:
+    verdicts = {r["verdict"] for r in doc["runs"]}
+    return 1 if verdicts & {"warning", "critical"} else (3 if verdicts & {"cannot_judge", "incomplete"} else 0)
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("logging_steps", 0, "AnalyzeOptions(logging_steps=0)"),
+    ("devices", -2, "AnalyzeOptions(devices=-2)"),
+    ("gpu_hour_price", float("nan"), "AnalyzeOptions(gpu_hour_price=nan)"),
+    ("mapping", "score=reward", "AnalyzeOptions(mapping='score=reward')"),
+])
+def test_analyze_options_name_the_field_the_user_wrote(field, value, said):
+    with pytest.raises(ValueError) as err:
+        monitor.AnalyzeOptions(**{field: value})
+    assert str(err.value).startswith(said + ": ")
+
+
+def test_an_option_that_cannot_be_used_is_said_before_any_run_is_read(tmp_path):
+    from grpo_monitor.analysis.analyze import OptionsError
+
+    with pytest.raises(OptionsError, match="expected COLUMN=METRIC"):
+        analyze(tmp_path / "does-not-exist", monitor.AnalyzeOptions(mapping=["no-equals-sign"]))
+
+
+def test_the_map_hint_for_a_log_nobody_could_judge_names_every_column_it_can_read(tmp_path):
+    rows = ["iteration,ent,foo"] + [f"{s},{0.6 - 0.001 * s},{s % 3}" for s in range(1, 40)]
+    path = tmp_path / "loop.csv"
+    path.write_text("\n".join(rows) + "\n")
+    [run] = analyze(path).runs
+    assert run.verdict == "cannot_judge" and run.to_dict()["needs"].endswith(f"analyze {path} --map ent=entropy")
+    from grpo_monitor.analysis.run_report import map_hints
+
+    assert map_hints(["iteration", "my_score", "len", "ent"]) == [("my_score", "reward"), ("len", "length"),
+                                                                   ("ent", "entropy")]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_monitor.analysis.report import analyze, render_text
+from grpo_monitor.analysis.analyze import analyze
+from grpo_monitor.analysis.render import render_text
 from grpo_monitor.readers import SourceError, detect_format, load_source
 from tests.conftest import SHARED
 
@@ -338,5 +339,5 @@ def test_python_api_takes_logging_steps(tmp_path):
 
     log = write(tmp_path, "train.log", "".join(trl_line(0.1, 0.5, 0.1 * k) + "\n" for k in range(1, 4)))
     assert list(monitor.load_run(log, logging_steps=5).index) == [5, 10, 15]
-    report = monitor.analyze(log, logging_steps=5)
+    report = monitor.analyze(log, monitor.AnalyzeOptions(logging_steps=5))
     assert report.runs[0].steps == 3 and any("logging_steps=5" in w for w in report.runs[0].warnings)

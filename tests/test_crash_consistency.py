@@ -24,7 +24,8 @@ KILLS_PER_RUN = 5
 WRITER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
-    from grpo_monitor.core.runlog import RunWriter, read_run, RUN_FILE
+    from grpo_monitor.core.runlog_writer import RunWriter
+    from grpo_monitor.core.runlog import read_run, RUN_FILE
     import os
     run_dir = sys.argv[1]
     start = 0

@@ -489,7 +489,7 @@ def test_lint_of_a_run_directory_knows_the_gpu_its_header_recorded(tmp_path, mon
     header = read_run(tmp_path).header
     assert header["device"]["unified_memory"] == "gb10" and header["device"]["memory_info"] is False
     # The same header on the GPU recipe the run would have on the Spark (this one trained on the CPU).
-    from grpo_monitor.core.runlog import RunWriter
+    from grpo_monitor.core.runlog_writer import RunWriter
     from tests.test_memory import QWEN25_7B
 
     gpu_run = tmp_path / "spark"
@@ -523,7 +523,7 @@ def test_analyze_reports_the_devices_health_when_the_run_logged_it(tmp_path, mon
     device = report.runs[0].to_dict()["device"]
     assert device["name"] == "NVIDIA H100 80GB HBM3" and device["temp_max_c"] == 89
     assert device["throttle_steps"]["thermal"] == 1.0 and "hw_thermal_slowdown" in device["reasons_seen"]
-    from grpo_monitor.analysis.report import render_markdown, render_text
+    from grpo_monitor.analysis.render import render_markdown, render_text
 
     text = render_text(report)
     assert "device: NVIDIA H100 80GB HBM3" in text and "SM clock median 1185 MHz of 1980" in text

@@ -19,9 +19,10 @@ import pytest
 from grpo_monitor import load_run
 from grpo_monitor.detectors import DETECTOR_IDS
 from grpo_monitor.fixtures.synthetic import generate
-from grpo_monitor.analysis.report import analyze
+from grpo_monitor.analysis.analyze import analyze
 from grpo_monitor.analysis.explain import LOSS_NEAR_ZERO, NOTE_IDS, explain
-from grpo_monitor.core.runlog import RunWriter, read_run
+from grpo_monitor.core.runlog_writer import RunWriter
+from grpo_monitor.core.runlog import read_run
 from grpo_monitor.readers import load_source
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "real-runs"

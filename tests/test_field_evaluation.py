@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_monitor.analysis.report import analyze_one
+from grpo_monitor.analysis.analyze import analyze
 from grpo_monitor.core.engine import Engine
 from grpo_monitor.detectors import ALL_DETECTORS, EvalDrop, KlPinned, TrainEvalDivergence
 from grpo_monitor.detectors.base import RunContext
@@ -107,7 +107,7 @@ def test_kl_pinned_needs_gradients_and_is_not_applicable_without_a_penalty():
     ("sushantmehta-code_rlvr_qwen3_4b_v2p3.jsonl", "eval_reward", 12),     # Tinker: test/env/all/reward/total
 ])
 def test_public_runs_with_evaluations_are_read_and_stay_quiet(name, metric, steps):
-    report = analyze_one(WILD / name)
+    report = analyze(WILD / name).runs[0]
     assert sum(1 for pts in [report.series.get(metric, [])] for _ in pts) == steps
     assert "train_eval_divergence" in report.judged_by and "eval_drop" in report.judged_by
     assert [f.detector for f in report.findings if f.detector in ("train_eval_divergence", "eval_drop")] == []

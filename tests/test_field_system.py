@@ -175,8 +175,8 @@ def test_stall_status_of_a_live_run():
 
 
 def test_logs_recorded_before_the_script_field_still_replay(tmp_path):
-    from grpo_monitor.analysis.report import analyze_one
-    from grpo_monitor.core.runlog import RunWriter
+    from grpo_monitor.analysis.analyze import analyze
+    from grpo_monitor.core.runlog_writer import RunWriter
 
     w = RunWriter(tmp_path)
     w.header(run_id="old", start_time=1.0, config={"max_completion_length": 256, "num_generations": 8}, model={},
@@ -188,7 +188,7 @@ def test_logs_recorded_before_the_script_field_still_replay(tmp_path):
                     "truncated": False, "rewards": {"accuracy_reward": float(i % 2)}, "correct": i % 2 == 1,
                     "chars": 400, "tail_rep": 0.0, "text_hash": i} for i in range(32)])
     w.close()
-    report = analyze_one(tmp_path)
+    report = analyze(tmp_path).runs[0]
     assert report.steps == 30 and not [f for f in report.findings if f.detector == "language_mixing"]
     assert report.coverage["language_mixing"]["status"] in ("too_few_points", "missing_inputs")
     det = LanguageMixing()
@@ -229,7 +229,7 @@ def test_the_tap_records_token_and_script_numbers_on_a_real_run(tmp_path):
 
 
 def _write_run(d: Path, last_age_s: float, summary: bool) -> None:
-    from grpo_monitor.core.runlog import RunWriter
+    from grpo_monitor.core.runlog_writer import RunWriter
     from grpo_monitor.fixtures.dashboard_run import header, step_record
 
     w = RunWriter(d)

@@ -8,7 +8,7 @@ import pytest
 HEAVY = ("torch", "transformers", "trl", "textual", "accelerate", "datasets")
 
 
-@pytest.mark.parametrize("module", ["grpo_monitor", "grpo_monitor.detectors", "grpo_monitor.analysis.report", "grpo_monitor.readers", "grpo_monitor.app.cli", "grpo_monitor.core.runlog", "grpo_monitor.core.metrics", "grpo_monitor.core.engine"])
+@pytest.mark.parametrize("module", ["grpo_monitor", "grpo_monitor.detectors", "grpo_monitor.analysis.analyze", "grpo_monitor.readers", "grpo_monitor.app.cli", "grpo_monitor.core.runlog", "grpo_monitor.core.metrics", "grpo_monitor.core.engine"])
 def test_light_imports(module):
     code = (
         f"import sys, {module}\n"

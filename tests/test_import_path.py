@@ -113,4 +113,4 @@ def test_the_documented_entry_point_is_curated_and_light():
     names = eval(out[0])  # noqa: S307 - our own printed list
     assert {"attach", "analyze", "load_run", "run_with_restarts"} <= set(names)
     assert out[1] == "[]"
-    assert out[2] == "grpo_monitor.callbacks.attach grpo_monitor.analysis.report"
+    assert out[2] == "grpo_monitor.callbacks.attach grpo_monitor.analysis.analyze"

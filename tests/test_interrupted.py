@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from grpo_monitor.analysis.report import analyze
+from grpo_monitor.analysis.analyze import analyze
 from grpo_monitor.core.runlog import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A real SIGINT, delivered to the training process at step 30 as a terminal's Ctrl-C would be.
+# A real SIGINT, sent by the test as a terminal's Ctrl-C would be, while the run waits at step 30: the run cannot
+# finish first however fast or slow the machine is.
 SCRIPT = """
-import os, signal, sys
+import pathlib, sys, time
 import transformers
 from transformers import TrainerCallback
 from grpo_monitor import attach
@@ -25,14 +28,15 @@ from grpo_monitor.app.demo import build_trainer, demo_config
 
 transformers.logging.set_verbosity_error()
 
-class CtrlC(TrainerCallback):
+class WaitAt30(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == 30:
-            os.kill(os.getpid(), signal.SIGINT)
+            pathlib.Path(sys.argv[1], "at-step-30").touch()
+            time.sleep(600)
 
 args = demo_config(sys.argv[1] + "/trainer", 200, disable_tqdm=True)
 trainer = build_trainer(args)
-trainer.add_callback(CtrlC())
+trainer.add_callback(WaitAt30())
 attach(trainer, sys.argv[1] + "/grpo-monitor")
 trainer.train()
 """
@@ -49,8 +53,19 @@ def test_ctrl_c_is_said_at_the_console_in_the_run_log_and_by_analyze(tmp_path):
     script.write_text(SCRIPT)
     log = tmp_path / "train.log"
     with open(log, "w") as fh:  # python train.py > train.log 2>&1
-        proc = subprocess.run([sys.executable, str(script), str(tmp_path)], stdout=fh, stderr=subprocess.STDOUT,
-                              cwd=ROOT, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=fh, stderr=subprocess.STDOUT,
+                                cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            deadline = time.monotonic() + 900
+            while not (tmp_path / "at-step-30").exists():
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, "the run never reached step 30"
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     text = log.read_text()
     assert proc.returncode != 0 and text.rstrip().endswith("KeyboardInterrupt"), text[-2000:]
     # The console: one line saying what happened and where the steps are.

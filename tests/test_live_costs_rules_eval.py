@@ -98,12 +98,12 @@ def test_evaluation_completions_are_not_taken_for_training_samples(trained):
 
 
 def test_the_replay_gives_the_same_findings_rule_included(trained):
-    from grpo_monitor.analysis.report import analyze_one
+    from grpo_monitor.analysis.analyze import analyze
 
     run_dir, records, _ = trained
     live = [(r["detector"], r["severity"], r["step"]) for r in records
             if r["type"] == "finding" and not r["detector"].startswith("config_")]
-    report = analyze_one(run_dir)
+    report = analyze(run_dir).runs[0]
     replayed = [(f.detector, f.severity, f.step) for f in report.findings if not f.detector.startswith("config_")]
     assert replayed == live
     live_cost = next(r["evidence"]["cost"] for r in records if r["type"] == "finding" and r["detector"] == "kl_pinned")

@@ -1,4 +1,4 @@
-"""The model a run trained, offline: ``analyze --model`` / ``analyze(path, model=...)``, a checkpoint's
+"""The model a run trained, offline: ``analyze --model`` / ``analyze(path, AnalyzeOptions(model=...))``, a checkpoint's
 ``config.json`` (or its adapter's base model) beside ``trainer_state.json``; an MoE model gets GSPO
 offline as it does live."""
 
@@ -48,7 +48,7 @@ def test_an_moe_run_analysed_with_model_gets_gspo(tmp_path):
     plain = grpo_monitor.analyze(path)
     assert any(f.detector == "grad_norm_spike" and f.severity == "critical" for f in plain.runs[0].findings)
     assert gspo(plain) == [] and not plain.runs[0].model  # the log does not name the model
-    report = grpo_monitor.analyze(path, model="Qwen/Qwen3-30B-A3B")
+    report = grpo_monitor.analyze(path, grpo_monitor.AnalyzeOptions(model="Qwen/Qwen3-30B-A3B"))
     run = report.runs[0]
     assert run.model["is_moe"] and run.model["num_experts"] == 128 and run.model["name_or_path"] == "Qwen/Qwen3-30B-A3B"
     recommended = [r for r in gspo(report) if r["detector"] == "grad_norm_spike"]
@@ -56,7 +56,7 @@ def test_an_moe_run_analysed_with_model_gets_gspo(tmp_path):
     assert any("mixture-of-experts" in why for why in recommended[0]["reasons"])
     assert any(f.detector == "moe_model_detected" for f in run.findings)
     # a dense model named: no GSPO
-    assert gspo(grpo_monitor.analyze(path, model="Qwen/Qwen2.5-7B-Instruct")) == []
+    assert gspo(grpo_monitor.analyze(path, grpo_monitor.AnalyzeOptions(model="Qwen/Qwen2.5-7B-Instruct"))) == []
 
 
 def test_a_checkpoint_config_json_names_the_model(tmp_path):
@@ -83,13 +83,13 @@ def test_the_user_names_the_model_over_the_log(tmp_path):
     (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
                                                      "num_hidden_layers": 2}))
     assert not load_source(folder).context.is_moe
-    run = grpo_monitor.analyze(folder, model="Qwen/Qwen3-30B-A3B").runs[0]
+    run = grpo_monitor.analyze(folder, grpo_monitor.AnalyzeOptions(model="Qwen/Qwen3-30B-A3B")).runs[0]
     assert run.model["is_moe"] and any("in place of the model the log names (Qwen2ForCausalLM)" in w for w in run.warnings)
     model_dir = tmp_path / "my-moe"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps({"architectures": ["MixtralForCausalLM"], "num_local_experts": 8,
                                                         "num_experts_per_tok": 2, "num_hidden_layers": 4}))
-    run = grpo_monitor.analyze(folder, model=str(model_dir)).runs[0]
+    run = grpo_monitor.analyze(folder, grpo_monitor.AnalyzeOptions(model=str(model_dir))).runs[0]
     assert run.model["class"] == "MixtralForCausalLM" and run.model["num_experts"] == 8
 
 

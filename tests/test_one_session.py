@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from grpo_monitor.analysis.report import analyze_run
+from grpo_monitor.analysis.analyze import analyze
 from grpo_monitor.app.dashboard.app import replay_source
 from grpo_monitor.app.dashboard.model import COVERAGE_SHOWN, RunModel
 from tests.conftest import SHARED
@@ -48,7 +48,7 @@ def _rec(r) -> tuple:
 @pytest.mark.skipif(not CASES, reason="../shared is not available")
 @pytest.mark.parametrize("path", CASES)
 def test_analyze_and_the_dashboard_give_the_same_diagnosis(path):
-    reports = analyze_run(path)
+    reports = analyze(path).runs
     assert len(reports) == 1, "a labelled case is one run"
     report = reports[0]
     model = RunModel()
@@ -72,7 +72,7 @@ def test_a_csv_whose_zero_variance_share_is_derived_feeds_the_dashboard_what_it_
         rows.append(f"{s},{0.5 + 0.001 * s},{good},{bad},{120 + s % 3}")
     path = tmp_path / "metrics.csv"
     path.write_text("\n".join(rows) + "\n")
-    report = analyze_run(path)[0]
+    report = analyze(path).runs[0]
     model = RunModel()
     model.ingest(replay_source(path))
     assert model.store.has("frac_reward_zero_std")

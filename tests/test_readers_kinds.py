@@ -11,7 +11,7 @@ import pytest
 
 import grpo_monitor
 import grpo_monitor.readers as readers
-from grpo_monitor.analysis.report import analyze_run
+from grpo_monitor.analysis.analyze import analyze
 from grpo_monitor.readers import Reader, Source, SourceError, detect_format, load_source
 
 GRPO_HEADER = ["Step", "Training Loss", "reward", "reward_std", "completions / mean_length", "completions / clipped_ratio",
@@ -109,7 +109,8 @@ def test_notebook_config_is_read_from_its_grpoconfig_cell(tmp_path):
     first = load_source(write(tmp_path / "one.ipynb", notebook(*nb["cells"][:2], code("trainer.train()", nb["cells"][2]["outputs"]))))
     assert first.context.config["max_completion_length"] == 1792 and "max_steps" not in first.context.config
     # The report says where the settings its verdict rests on came from; a log without them says nothing.
-    from grpo_monitor.analysis.report import analyze, render_text
+    from grpo_monitor.analysis.analyze import analyze
+    from grpo_monitor.analysis.render import render_text
 
     report = analyze(str(tmp_path / "grpo.ipynb"))
     text = render_text(report)
@@ -206,7 +207,7 @@ def test_results_json_holds_one_run_per_arm(tmp_path):
     for _, part in src.parts:
         assert len(part.steps) == 40
         assert set(part.metric_names()) == {"rewards/acc/mean", "entropy", "grad_norm", "completions/mean_length"}
-    reports = analyze_run(path)
+    reports = analyze(path).runs
     assert [r.source for r in reports] == [f"{path} [arm=baseline]", f"{path} [arm=entropy_bonus]"]
     assert all(r.steps == 40 and r.judged_by for r in reports)
     frame = grpo_monitor.load_run(path)

@@ -17,7 +17,8 @@ import re
 
 import pytest
 
-from grpo_monitor.analysis.report import analyze_one, analyze_run, needs_text
+from grpo_monitor.analysis.analyze import analyze
+from grpo_monitor.analysis.run_report import needs_text
 from grpo_monitor.core.session import open_session
 from grpo_monitor.fixtures.judge import Score, judge, judge_folder
 from grpo_monitor.readers import SourceError, load_source
@@ -93,7 +94,7 @@ def test_the_collected_runs_raise_no_false_alarm_and_find_three_failures_in_four
 @pytest.mark.parametrize("name", sorted(WILD_LABELS))
 def test_wild_run_reads_and_its_label_holds(name):
     label = WILD_LABELS[name]
-    report = analyze_one(WILD / label["file"])
+    report = analyze(WILD / label["file"]).runs[0]
     assert report.steps > 0 and report.file.endswith(label["file"])
     assert report.verdict != "cannot_judge", report.not_judged
     verdict = judge(label, report.findings)
@@ -105,7 +106,7 @@ def test_wild_run_reads_and_its_label_holds(name):
 @pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: str(p.relative_to(RUNS)))
 def test_every_shared_file_is_read_and_judged_or_says_what_it_lacks(path):
     try:
-        reports = analyze_run(path)
+        reports = analyze(path).runs
     except SourceError as exc:
         msg = str(exc)
         assert path.name in NOTES, msg

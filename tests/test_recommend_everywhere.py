@@ -68,9 +68,13 @@ def test_analyze_text_json_and_markdown_show_the_advice_the_switch_and_the_extra
     out = cli("analyze", str(collapse), "--json")
     assert out.returncode == 1, out.stderr[-2000:]
     [run] = json.loads(out.stdout)["runs"]
-    statuses = {(r["variant"], r["status"]) for r in run["recommendations"]}
-    assert {("dapo", ADVICE), ("dapo", RECOMMENDED)} <= statuses
-    assert all(r["config_overrides"]["epsilon_high"] == 0.28 for r in run["recommendations"] if r["variant"] == "dapo")
+    # The warning's advice and the critical's switch are one change in --json too: listed once, as the switch,
+    # with the step the advice came first.
+    dapo = [r for r in run["recommendations"] if r["variant"] == "dapo"]
+    assert [r["status"] for r in dapo] == [RECOMMENDED] and dapo[0]["advised_at"] < dapo[0]["step"]
+    assert dapo[0]["config_overrides"]["epsilon_high"] == 0.28
+    # The numbers the run used, never a placeholder: its cap and a quarter of it.
+    assert "<" not in dapo[0]["extra"]["reward_funcs"] and "max_completion_len=" in dapo[0]["extra"]["reward_funcs"]
 
     md = tmp_path / "report.md"
     text = cli("analyze", str(collapse), "--markdown", str(md))
@@ -229,13 +233,14 @@ def test_a_remedy_is_advice_when_warned_acted_on_when_confirmed_and_tried_afterw
 
 
 def test_analyze_replays_a_remedy_and_a_code_fix_into_every_format(remedy_lineage):
-    from grpo_monitor import analyze
-    from grpo_monitor.analysis.report import render_markdown, render_text
+    from grpo_monitor import AnalyzeOptions, analyze
+    from grpo_monitor.analysis.render import render_markdown, render_text
 
-    report = analyze(remedy_lineage, detectors=[PlantedRemedy(), PlantedCodeFix()])
+    report = analyze(remedy_lineage, AnalyzeOptions(detectors=[PlantedRemedy(), PlantedCodeFix()]))
     first = report.runs[0].to_dict()
     by = {(r["variant"], r["status"]) for r in first["recommendations"]}
-    assert {(REMEDY, ADVICE), (REMEDY, RECOMMENDED), ("code_change", ADVICE)} <= by
+    assert {(REMEDY, RECOMMENDED), ("code_change", ADVICE)} <= by and (REMEDY, ADVICE) not in by
+    assert next(r for r in first["recommendations"] if r["variant"] == REMEDY).get("advised_at") is not None
     text, md = render_text(report), render_markdown(report)
     for shown in (text, md):
         assert f"apply {REMEDY}" in shown.lower() and "--max_completion_length 48" in shown

@@ -212,7 +212,7 @@ def test_the_demo_summary_names_the_next_segment_beside_the_one_that_stopped(tmp
     import time
 
     from grpo_monitor.app.demo import print_summary
-    from grpo_monitor.core.runlog import RunWriter
+    from grpo_monitor.core.runlog_writer import RunWriter
 
     root = tmp_path / "run"
     for n, d in enumerate([root, root / "segment-1", root / "segment-2"]):

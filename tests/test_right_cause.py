@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from grpo_monitor.analysis.report import analyze
+from grpo_monitor.analysis.analyze import analyze
 from tests.conftest import ROOT
 
 MADE = ROOT / "benchmarks" / "real_runs" / "made"
@@ -167,7 +167,7 @@ def _alarms(findings):
 def test_a_hand_written_trainers_jsonl_is_judged_by_its_names_without_map(case, tmp_path):
     """Its names say reward, length, accuracy: they are mapped, the mapping is shown, and the run gets the
     diagnosis the same run gets under TRL's names."""
-    from grpo_monitor.analysis.report import render_text
+    from grpo_monitor.analysis.render import render_text
 
     state_path = MADE / f"{case}.trainer_state.json"
     path = _hand_written(json.loads(state_path.read_text()), tmp_path / "train_log.jsonl")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from grpo_monitor.analysis.report import analyze
+from grpo_monitor.analysis.analyze import AnalyzeOptions, analyze
 from grpo_monitor.core.rules import load_rules
 from grpo_monitor.detectors.base import Finding
 from tests.conftest import ROOT, SHARED
@@ -63,7 +63,7 @@ def test_json_yaml_and_toml_give_the_same_rules(tmp_path):
 @pytest.mark.skipif(not SUNSHINE.is_file(), reason="../shared/real-runs is not here")
 def test_rules_raise_findings_with_the_fixed_fields_on_a_real_run(tmp_path):
     (tmp_path / "r.yaml").write_text(YAML)
-    run = analyze(SUNSHINE, rules=str(tmp_path / "r.yaml")).runs[0]
+    run = analyze(SUNSHINE, AnalyzeOptions(rules=str(tmp_path / "r.yaml"))).runs[0]
     floor = [f for f in run.findings if f.detector == "reward_floor"]
     # The reward falls to ~0 around step 45 and again from ~155 (logged every 5 steps).
     assert [f.severity for f in floor] == ["critical", "critical"]
@@ -119,3 +119,20 @@ def test_the_readme_example_is_a_working_rule_file(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, check=False)
     found = {f["detector"] for f in json.loads(done.stdout)["runs"][0]["findings"]}
     assert {r.id for r in rules} & found
+
+
+@pytest.mark.skipif(not SUNSHINE.is_file(), reason="../shared/real-runs is not here")
+def test_a_rule_on_a_metric_the_run_never_logs_is_said_and_a_rules_advice_is_the_teams(tmp_path):
+    from grpo_monitor.analysis.render import render_markdown, render_text
+    from grpo_monitor.core.recommend import title
+
+    (tmp_path / "r.yaml").write_text(YAML + "  - id: eval_accuracy_floor\n    metric: eval_accuracy\n    below: 0.55\n")
+    report = analyze(SUNSHINE, AnalyzeOptions(rules=str(tmp_path / "r.yaml")))
+    [run] = report.runs
+    assert set(run.rules_not_checked) == {"eval_accuracy_floor"} and "eval_accuracy" in run.rules_not_checked["eval_accuracy_floor"]
+    assert run.to_dict()["rules_not_checked"] == run.rules_not_checked
+    assert "could not check team rule eval_accuracy_floor" in render_text(report)
+    assert "could not check team rule `eval_accuracy_floor`" in render_markdown(report)
+    rec = next(r for r in run.recommendations if r["detector"] == "reward_floor")
+    assert "follow the team rule's advice" in title(rec) and "change the code" not in title(rec)
+    assert "roll back" in render_text(report)

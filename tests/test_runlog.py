@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from grpo_monitor.core.runlog import RUN_FILE, RunLogError, RunWriter, load_run, read_run, samples_file
+from grpo_monitor.core.runlog import RUN_FILE, RunLogError, read_run, run_frame, samples_file
+from grpo_monitor.core.runlog_writer import RunWriter
 
 
 def write_run(path, steps=3):
@@ -28,7 +29,7 @@ def test_round_trip_keeps_every_record_and_non_finite_values(tmp_path):
     assert math.isnan(m["loss"]) and m["grad_norm"] == math.inf
     assert log.samples[0]["rewards"] == {"f": 1.0, "g": None}
     assert log.findings[0]["detector"] == "non_finite"
-    frame = load_run(tmp_path)
+    frame = run_frame(tmp_path)
     assert list(frame.index) == [1, 2, 3] and frame.index.name == "step"
     assert frame.loc[2, "entropy"] == 0.5 and math.isnan(frame.loc[2, "reward"])
 
@@ -111,7 +112,8 @@ import textwrap  # noqa: E402
 
 from grpo_monitor import analyze  # noqa: E402
 from grpo_monitor.core import runlog  # noqa: E402
-from grpo_monitor.core.runlog import SampleIndex, dumps, parse_line  # noqa: E402
+from grpo_monitor.core.sample_index import SampleIndex
+from grpo_monitor.core.runlog import dumps, parse_line  # noqa: E402
 from grpo_monitor.readers import load_source  # noqa: E402
 
 STEPS = 12
@@ -244,7 +246,8 @@ def test_plain_step_is_what_the_foreign_readers_share_for_integers():
 # A read limited to less memory than the file holds: a reader that takes the file whole fails it.
 STREAMED = textwrap.dedent("""
     import resource, sys
-    from grpo_monitor.core.runlog import RunLogError, SampleIndex, read_run
+    from grpo_monitor.core.runlog import RunLogError, read_run
+    from grpo_monitor.core.sample_index import SampleIndex
     limit = {limit}
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:

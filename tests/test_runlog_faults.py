@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from grpo_monitor import analyze
-from grpo_monitor.core.runlog import RUN_FILE, RunWriter, read_run, samples_file
+from grpo_monitor.core.runlog import RUN_FILE, read_run, samples_file
+from grpo_monitor.core.runlog_writer import RunWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,7 +133,8 @@ def test_disk_full_to_the_end_is_counted_in_the_room_the_reserve_left(tmp_path):
 # (the kernel's EFBIG after a short write), tries steps 6-10 under it, raises it, writes 11-15.
 PART_WAY = textwrap.dedent("""
     import os, resource, signal, sys
-    from grpo_monitor.core.runlog import RUN_FILE, RunWriter
+    from grpo_monitor.core.runlog import RUN_FILE
+    from grpo_monitor.core.runlog_writer import RunWriter
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     run = sys.argv[1]
     w = RunWriter(run, on_error=lambda component, exc: print("reported", exc.errno))

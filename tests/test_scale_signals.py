@@ -15,7 +15,9 @@ from grpo_monitor.detectors.degenerate_long_cot import DegenerateLongCot, long_c
 from grpo_monitor.detectors.entropy_collapse import duplicate_share
 from grpo_monitor.detectors.signals import fair_sample, groups_of, repeated_ngram_share
 from grpo_monitor.core.engine import Engine
-from grpo_monitor.core.runlog import RunWriter, SampleIndex, StepSamples, read_run
+from grpo_monitor.core.runlog_writer import RunWriter
+from grpo_monitor.core.sample_index import SampleIndex, StepSamples
+from grpo_monitor.core.runlog import read_run
 
 EOS = 2
 G = 16

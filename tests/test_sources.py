@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from grpo_monitor.core.metrics import normalize
-from grpo_monitor.core.runlog import RunWriter
+from grpo_monitor.core.runlog_writer import RunWriter
 from grpo_monitor.readers import Source, SourceError, detect_format, load_source
 
 from tests.conftest import SHARED

@@ -522,7 +522,7 @@ BAD_STEPS = [b"true", b'"4"', b"5.5", b"2.0", b"1e999", b"-" + b"9" * 30, b"null
 
 
 def _valid_run(d: Path) -> None:
-    from grpo_monitor.core.runlog import RunWriter
+    from grpo_monitor.core.runlog_writer import RunWriter
 
     w = RunWriter(d)
     w.header(run_id="r", config={"logging_steps": 1, "max_steps": RUN_STEPS}, model={"is_moe": False})

@@ -15,7 +15,8 @@ pytest.importorskip("textual")
 from rich.console import Console  # noqa: E402
 from textual.widgets import DataTable, Static, TextArea  # noqa: E402
 
-from grpo_monitor.core.runlog import RunWriter, dumps  # noqa: E402
+from grpo_monitor.core.runlog_writer import RunWriter
+from grpo_monitor.core.runlog import dumps  # noqa: E402
 from grpo_monitor.app.dashboard import WatchApp  # noqa: E402
 from grpo_monitor.app.dashboard.model import RunModel  # noqa: E402
 from grpo_monitor.fixtures.dashboard_run import (  # noqa: E402
@@ -352,7 +353,8 @@ async def test_segments_count_from_one_for_run_directories_and_replayed_logs(tmp
         await loaded(pilot)
         assert "replayed" in header_text(app) and "seg 1 · 0 restarts" in header_text(app)
     # analyze's report numbers the same lineage the same way.
-    from grpo_monitor.analysis.report import analyze, render_text
+    from grpo_monitor.analysis.analyze import analyze
+    from grpo_monitor.analysis.render import render_text
 
     text = render_text(analyze(d))
     heads = [line for line in text.splitlines() if line.startswith("== ")]

@@ -15,7 +15,7 @@ pytest.importorskip("textual")
 from grpo_monitor.app.dashboard import WatchApp  # noqa: E402
 from grpo_monitor.app.dashboard.widgets.chart import LineChart  # noqa: E402
 from grpo_monitor.core.device import DeviceSampler, NvmlDevice  # noqa: E402
-from grpo_monitor.core.runlog import RunWriter  # noqa: E402
+from grpo_monitor.core.runlog_writer import RunWriter  # noqa: E402
 from grpo_monitor.fixtures.dashboard_run import header, step_record, write_synthetic_run  # noqa: E402
 from grpo_monitor.fixtures.nvml import FakeNVML, throttling_episode  # noqa: E402
 from tests.test_tui import screen_text  # noqa: E402

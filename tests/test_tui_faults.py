@@ -12,7 +12,8 @@ pytest.importorskip("textual")
 from textual.widgets import DataTable  # noqa: E402
 
 from grpo_monitor.app.dashboard import WatchApp  # noqa: E402
-from grpo_monitor.core.runlog import RunWriter, dumps  # noqa: E402
+from grpo_monitor.core.runlog_writer import RunWriter
+from grpo_monitor.core.runlog import dumps  # noqa: E402
 from grpo_monitor.fixtures.dashboard_run import append_steps, write_synthetic_run  # noqa: E402
 from tests.test_tui import FAST, header_text, loaded, screen_text, wait_for  # noqa: E402
 

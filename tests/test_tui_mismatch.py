@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("textual")
 
-from grpo_monitor.core.runlog import RunWriter  # noqa: E402
+from grpo_monitor.core.runlog_writer import RunWriter  # noqa: E402
 from grpo_monitor.app.dashboard import WatchApp  # noqa: E402
 from grpo_monitor.fixtures.dashboard_run import header, step_record, write_synthetic_run  # noqa: E402
 from grpo_monitor.app.dashboard.widgets.chart import LineChart  # noqa: E402

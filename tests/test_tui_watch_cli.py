@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("textual")
 
-from grpo_monitor.core.runlog import RunWriter  # noqa: E402
+from grpo_monitor.core.runlog_writer import RunWriter  # noqa: E402
 from grpo_monitor.fixtures.dashboard_run import header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -68,10 +68,10 @@ def redact(items: Sequence[str], options: Any = None) -> list[str]:
 
 
 def report_messages(report: Any, min_severity: str = "warning") -> list[dict[str, Any]]:
-    """One verdict message per run of an ``analysis.report.Report`` whose verdict reaches
+    """One verdict message per run of an ``analysis.run_report.Report`` whose verdict reaches
     ``min_severity`` (``info`` sends every run, healthy ones too); a run that could not be judged
     says why."""
-    from grpo_monitor.analysis.report import needs_text
+    from grpo_monitor.analysis.run_report import needs_text
 
     out = []
     for run in report.runs:

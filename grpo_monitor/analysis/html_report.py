@@ -17,9 +17,8 @@ import os
 import re
 from typing import Any
 
-from grpo_monitor.analysis.report import (
-    ANNOTATIONS, Report, RunReport, annotation_lines, coverage_lines, model_line, needs_text, verdict_line,
-)
+from grpo_monitor.analysis.render import advised_note, annotation_lines, coverage_lines, model_line, verdict_line
+from grpo_monitor.analysis.run_report import ANNOTATIONS, Report, RunReport, needs_text, shown_recommendations
 from grpo_monitor.core.recommend import title as rec_title
 
 SEVERITY_COLOURS = {"info": "#6b7280", "warning": "#d97706", "critical": "#dc2626"}
@@ -113,8 +112,8 @@ def _finding_rows(run: RunReport) -> list[str]:
 
 def _recommendations(run: RunReport) -> list[str]:
     out: list[str] = []
-    for r in run.recommendations:
-        heading = rec_title(r)
+    for r in shown_recommendations(run.recommendations):
+        heading = rec_title(r) + advised_note(r)
         out.append(f"<h3>{_e(heading[:1].upper() + heading[1:])}</h3>")
         out.append(f'<div class="muted">from <code>{_e(r.get("detector"))}</code> at step {_e(r.get("step"))}'
                    f' · status: {_e(r.get("status", "recommended"))}</div>')

@@ -165,7 +165,8 @@ def _analyze(args: argparse.Namespace) -> int:
     stderr line each and ``ExitCode.ALERTS_NOT_SENT`` (the report's own code is said in the last line)."""
     if args.html and _lacks_extras("analyze --html", "report"):
         return ExitCode.BAD_INPUT
-    from grpo_monitor.analysis.report import run_cli
+    from grpo_monitor.analysis.analyze import AnalyzeOptions
+    from grpo_monitor.app.analyze_cmd import run_cli
 
     destination, errors = None, []
     if args.alerts:
@@ -180,9 +181,10 @@ def _analyze(args: argparse.Namespace) -> int:
         def send(report):  # type: ignore[no-untyped-def]
             errors.extend(post_report(report, destination, args.alerts_min_severity))
 
-    code = run_cli(args.paths, as_json=args.json, markdown=args.markdown, logging_steps=args.logging_steps,
-                   mapping=args.mapping, model=args.model, html=args.html, gpu_hour_price=args.gpu_hour_price,
-                   devices=args.devices, rules=args.rules, on_report=send if destination is not None else None)
+    options = AnalyzeOptions(rules=args.rules, mapping=args.mapping, model=args.model, logging_steps=args.logging_steps,
+                             gpu_hour_price=args.gpu_hour_price, devices=args.devices)
+    code = run_cli(args.paths, options, as_json=args.json, markdown=args.markdown, html=args.html,
+                   on_report=send if destination is not None else None)
     if not errors:
         return code
     for e in errors:

@@ -368,9 +368,11 @@ def segment_seconds(log: Any) -> float | None:
 def print_summary(run_dir: Path, seconds: float | None = None, title: str | None = None) -> None:
     from grpo_monitor.core.recommend import title as rec_title
     from grpo_monitor.core.restart import child_run_dir
-    from grpo_monitor.core.runlog import read_run, write_losses
+    from grpo_monitor.core.runlog import read_run
+    from grpo_monitor.core.runlog_writer import write_losses
 
-    from grpo_monitor.analysis.report import advised_note, shown_recommendations
+    from grpo_monitor.analysis.render import advised_note
+    from grpo_monitor.analysis.run_report import shown_recommendations
 
     log = read_run(run_dir)
     if seconds is None:

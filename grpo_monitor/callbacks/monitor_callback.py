@@ -4,7 +4,7 @@ directory and through the detectors.
 Per logging step it normalises the metrics TRL passes to ``on_log``, adds the monitor's own (MoE
 routing, per-sample statistics, process memory, the device's health), takes the completions the reward tap recorded since
 the last log from every rank, runs the engine, and appends step, sample and finding records. It is
-composed of small parts, each guarded on its own: the run log (``core.runlog.RunWriter``), the sample
+composed of small parts, each guarded on its own: the run log (``core.runlog_writer.RunWriter``), the sample
 tap (``reward_tap``), the router tap (``router_tap``), the rank exchange (``rank_exchange``), alerts
 (``alerts``), the TensorBoard mirror, the restart policy (``restart_policy``), the findings' cost, time
 to failure and team rules (``finding_costs``) and the device's health (``device_health``: NVML readings from a
@@ -39,7 +39,8 @@ from grpo_monitor.callbacks.tensorboard_mirror import TensorBoardMirror
 from grpo_monitor.core.device import combine_ranks
 from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize_metrics
 from grpo_monitor.core.recommend import title as rec_title
-from grpo_monitor.core.runlog import RunWriter, _jsonable
+from grpo_monitor.core.runlog_writer import RunWriter
+from grpo_monitor.core.runlog import jsonable
 from grpo_monitor.core.session import Session, SessionOptions, open_session
 from grpo_monitor.core.telemetry import system_metrics
 from grpo_monitor.detectors.base import Detector, RunContext
@@ -205,7 +206,7 @@ class MonitorCallback(TrainerCallback):
         rank = int(getattr(args, "process_index", 0))
         model = model if model is not None else self.trainer.model
         facts = self._guard("model facts", model_facts, model) or {}
-        config = _jsonable(args.to_dict())
+        config = jsonable(args.to_dict())
         self.context.config = config
         self.context.model = facts
         self.session = open_session(self.context, SessionOptions(

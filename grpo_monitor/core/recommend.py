@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from grpo_monitor.detectors.numbers import finite
-from grpo_monitor.detectors.variants import EXTRA_ADVICE, VARIANT_PRESETS, preset
+from grpo_monitor.detectors.rule import TEAM_RULE
+from grpo_monitor.detectors.variants import VARIANT_PRESETS, extra_advice, preset
 
 VARIANT_NAMES = frozenset(VARIANT_PRESETS)
 
@@ -162,8 +163,12 @@ def _candidate(finding: Mapping[str, Any], config: dict[str, Any], *, is_moe: bo
             f"the run is on-policy ({why}), so clip bounds only act "
             f"with off-policy steps: steps_per_generation={4 * ga}"
         )
-    advice = EXTRA_ADVICE.get(variant, {})
-    return _record(finding, variant, diff, dict(advice), reasons, settings=overrides, config=config)
+    # The finding's own numbers first (its evidence holds the cap the run used), then the run's config.
+    known = (finding.get("evidence") or {}).get("extra_advice")
+    advice = extra_advice(variant, config.get("max_completion_length"))
+    if isinstance(known, Mapping) and variant == "dapo":
+        advice.update({k: v for k, v in known.items() if isinstance(v, str) and "<" not in v})
+    return _record(finding, variant, diff, advice, reasons, settings=overrides, config=config)
 
 
 # --- train-inference mismatch ---------------------------------------------------------------------
@@ -353,6 +358,8 @@ def title(rec: Mapping[str, Any]) -> str:
     status = rec.get("status") or RECOMMENDED
     if name == CODE_CHANGE:
         change = "change the code"
+    elif name == TEAM_RULE:
+        change = "follow the team rule's advice"
     else:
         change = f"switch to {name}" if name in VARIANT_NAMES else f"apply {name}"
     if status == TRIED:

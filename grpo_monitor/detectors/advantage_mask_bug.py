@@ -143,7 +143,7 @@ class AdvantageMaskBug(Detector):
         adv = self._vanished_advantages(step, metrics)
         if eq is None and adv is None:
             return None
-        if not eq and not adv and not self.in_episode:
+        if not eq and not adv and not self.episode.open:
             return Assessment(0, {"equal_lengths": False, "vanished_advantages": False})
         # A logged point averages its window, and an average of maxima equals one of minima only if
         # every step's did: a coarse point is as many steps of evidence as it covers.

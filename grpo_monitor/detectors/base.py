@@ -52,8 +52,8 @@ SEVERITIES = ("info", "warning", "critical")
 VARIANTS = ("dapo", "dr_grpo", "gspo")
 STATES = ("warming_up", "ok", "warning", "critical")
 
-__all__ = ["Assessment", "Detector", "Finding", "RunContext", "check_float", "check_int", "finite", "to_number",
-           "unmet"]
+__all__ = ["Assessment", "Detector", "Episode", "Finding", "RunContext", "check_float", "check_int", "finite",
+           "to_number", "unmet"]
 
 Metrics = Mapping[str, "float | None"]
 Sample = Mapping[str, Any]
@@ -165,12 +165,44 @@ class Assessment:
 
     >>> Assessment(1, {"ratio": 0.2}, onset_step=40).level
     1
+    >>> Assessment(1, {"ratio": 0.2}, confirm_points=3).confirm_points   # this evidence needs 3 points in a row
+    3
     """
 
     level: int = 0
     evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
     onset_step: int | None = None
     warming_up: bool = False
+    # The confirmation this evidence needs before it opens an episode, when it differs from the detector's
+    # ``confirm_points`` / ``confirm_steps`` (None: those). Read only while no episode is open.
+    confirm_points: int | None = None
+    confirm_steps: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Episode:
+    """Where a detector's episode stands before the step being assessed: what ``assess`` may read of the
+    bookkeeping (``self.episode``). The base rebuilds it after each step; it cannot be written.
+
+    ``open``: an episode was raised and has not cleared; ``since``: its onset step; ``points``: the
+    assessments at level >= 1 booked in it; ``pending``: those in a row still awaiting confirmation
+    (``confirm_points`` / ``confirm_steps``) before one opens.
+
+    >>> ep = Episode(open=True, since=40, points=2)
+    >>> ep.points >= 1 and not ep.pending
+    True
+    >>> ep.points = 0
+    Traceback (most recent call last):
+    dataclasses.FrozenInstanceError: cannot assign to field 'points'
+    """
+
+    open: bool = False
+    since: int | None = None
+    points: int = 0
+    pending: int = 0
+
+
+_QUIET = Episode()
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
@@ -202,6 +234,10 @@ class Detector:
     names; builds its mutable state in ``_reset_state``; and implements ``assess`` and ``_message``.
     ``_overrides`` (the ``GRPOConfig`` diff, by default the variant's preset) and ``_variant`` may be
     overridden when the cure depends on the evidence.
+
+    The episode bookkeeping is the base's alone: ``assess`` reads it through ``self.episode`` (a frozen
+    ``Episode``) and asks for more or less confirmation than ``confirm_points`` / ``confirm_steps`` in its
+    ``Assessment``; ``tests/test_detector_private_state.py`` fails on a detector touching the rest.
     """
 
     id: str = ""
@@ -224,6 +260,14 @@ class Detector:
     # Heavy modules it imports only to fit something (scipy): live, ``Engine.warm_up`` imports them at train
     # begin, so the step that raises the first finding does not pay for them.
     fit_imports: tuple[str, ...] = ()
+    # Opening an episode takes ``confirm_points`` consecutive assessments at level >= 1 that also cover
+    # ``confirm_steps`` training steps (one point of a coarse log covers several), so fine and coarse logs need
+    # the same stretch of training as evidence. Fixed in ``__init__``; a need that depends on the evidence or
+    # on the log's spacing is said in each ``Assessment`` instead.
+    confirm_points: int = 1
+    confirm_steps: int = 0
+    # False for a check with nothing to learn first (non-finite values): a fresh one is "ok", not "warming_up".
+    warms_up: bool = True
 
     def __init__(self) -> None:
         self.context = RunContext()
@@ -237,23 +281,19 @@ class Detector:
     def reset(self) -> None:
         """Back to the state of a fresh detector."""
         self.n_updates = 0
-        self.state = "warming_up"
+        self.state = "warming_up" if self.warms_up else "ok"
         self._evidence: dict[str, Any] = {}
-        self.in_episode = False
-        self.episode_start: int | None = None
-        self.episode_len = 0
+        self._in_episode = False
+        self._episode_start: int | None = None
+        self._episode_len = 0
         self._emitted = 0
         self._healthy_run = 0
         self._healthy_since: int | None = None
         self._pending = 0
         self._pending_onset: int | None = None
         self._pending_first: int | None = None
+        self._episode = _QUIET
         self.clock = StepClock()
-        # Opening an episode takes ``confirm_points`` consecutive assessments at level >= 1 that also cover
-        # ``confirm_steps`` training steps (one point of a coarse log covers several), so fine and coarse
-        # logs need the same stretch of training as evidence.
-        self.confirm_points = 1
-        self.confirm_steps = 0
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -273,6 +313,21 @@ class Detector:
         return preset(self._variant(), self.context.config)
 
     @property
+    def episode(self) -> Episode:
+        """The episode as it stood before the step being assessed (read-only)."""
+        return self._episode
+
+    @property
+    def in_episode(self) -> bool:
+        """Whether an episode is open (``episode.open``)."""
+        return self._in_episode
+
+    @property
+    def evidence(self) -> Mapping[str, Any]:
+        """The latest assessment's evidence as the detector built it (``_overrides`` reads its remedy)."""
+        return self._evidence
+
+    @property
     def last_evidence(self) -> dict[str, Any]:
         """The latest assessment's evidence, JSON-safe."""
         return tidy(self._evidence)  # type: ignore[return-value]
@@ -288,55 +343,61 @@ class Detector:
         if a is None:
             return []
         self._evidence = a.evidence
-        if a.level == 0 and not self.in_episode:
+        if a.level == 0 and not self._in_episode:
             self.state = "warming_up" if a.warming_up else "ok"
+            if self._pending:
+                self._episode = _QUIET
             self._pending = 0
             self._pending_onset = None
             return []
-        return self._book(step, a)
+        findings = self._book(step, a)
+        self._episode = Episode(self._in_episode, self._episode_start, self._episode_len, self._pending)
+        return findings
 
     def _book(self, step: int, a: Assessment) -> list[Finding]:
         """The episode bookkeeping of a step that is not plainly healthy."""
-        if a.warming_up and not self.in_episode:
+        if a.warming_up and not self._in_episode:
             self.state = "warming_up"
             return []
-        if a.level >= 1 and not self.in_episode:
+        if a.level >= 1 and not self._in_episode:
             self._pending += 1
             if self._pending == 1:
                 self._pending_onset = a.onset_step if a.onset_step is not None else step
                 self._pending_first = step
             covered = step - (self._pending_first or step) + self.clock.gap
-            if self._pending < max(1, self.confirm_points) or covered < self.confirm_steps:
+            points = self.confirm_points if a.confirm_points is None else a.confirm_points
+            steps = self.confirm_steps if a.confirm_steps is None else a.confirm_steps
+            if self._pending < max(1, points) or covered < steps:
                 self.state = "ok"
                 return []
         findings: list[Finding] = []
         if a.level >= 1:
             self._healthy_run = 0
             self._healthy_since = None
-            if not self.in_episode:
-                self.in_episode = True
+            if not self._in_episode:
+                self._in_episode = True
                 onset = a.onset_step if a.onset_step is not None else step
                 if self._pending_onset is not None:
                     onset = min(onset, self._pending_onset)
-                self.episode_start = onset
-                self.episode_len = 0
+                self._episode_start = onset
+                self._episode_len = 0
                 self._pending = 0
                 self._pending_onset = None
-            self.episode_len += 1
+            self._episode_len += 1
             if a.level > self._emitted:
                 self._emitted = a.level
                 findings.append(self._finding(step, self.severities[min(a.level, 2) - 1]))
             self.state = self._state_after(self._emitted)
-        elif self.in_episode:
+        elif self._in_episode:
             self._healthy_run += 1
             if self._healthy_since is None:
                 self._healthy_since = step
             if self.clear_after is None:
                 self.state = "ok"
             elif self._healthy_run >= self.clear_after and step - self._healthy_since >= self.clear_steps - 1:
-                self.in_episode = False
-                self.episode_start = None
-                self.episode_len = 0
+                self._in_episode = False
+                self._episode_start = None
+                self._episode_len = 0
                 self._emitted = 0
                 self.state = "ok"
         else:
@@ -359,7 +420,7 @@ class Detector:
             variant, overrides = "gspo", preset("gspo", cfg)
             message += (" This is a mixture-of-experts model: instead, switch to GSPO (sequence-level "
                         "importance ratio), which the recipe requires there.")
-        return Finding(detector=self.id, severity=severity, step=step, onset_step=self.episode_start,
+        return Finding(detector=self.id, severity=severity, step=step, onset_step=self._episode_start,
                        variant=variant, config_overrides=overrides, evidence=evidence, message=message)
 
     # -- what a report says of it ----------------------------------------------------------------

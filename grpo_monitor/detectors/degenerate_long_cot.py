@@ -161,7 +161,7 @@ class DegenerateLongCot(Detector):
             return Assessment(warming_up=True)
         if self.length.baseline.value is None and self.clipped.baseline.value is None:
             return Assessment(warming_up=True)
-        if not self.in_episode and h is not None and e_base is not None and h < self._far_factor * e_base:
+        if not self.episode.open and h is not None and e_base is not None and h < self._far_factor * e_base:
             # This point is far below the rise a median of recent points would need.
             return Assessment(0, {"entropy": {"latest": h, "baseline": e_base, "threshold_ratio": self.entropy_ratio}})
         return self._judge(step)
@@ -224,16 +224,16 @@ class DegenerateLongCot(Detector):
 
     def _judge(self, step: int) -> Assessment:
         k = self.clock.points()
-        relax = 0.75 if self.in_episode else 1.0
+        relax = 0.75 if self.episode.open else 1.0
         ev: dict[str, Any] = {"persist_points": k}
         batch = completions_per_step(self.context.config, self.clipped.window.values)
-        self.confirm_points = 1
+        confirm = 1
         if not self.entropy.ready and batch is not None and batch <= 4:
             # A handful of completions a point and no entropy to corroborate: one completion moves the
             # truncated share by a quarter or more, so levels are medians over three times the points,
             # and the pattern must hold at three points in a row.
             k = min(len(self.clipped.window.values), 3 * k)
-            self.confirm_points = 3
+            confirm = 3
             ev["persist_points"] = k
             ev["completions_per_point"] = batch
         if self.entropy_bonus:
@@ -248,7 +248,7 @@ class DegenerateLongCot(Detector):
             entropy_up = ratio >= 1.0 + (self.entropy_ratio - 1.0) * relax
             if entropy_up:
                 signals.append("entropy_up")
-            elif not self.in_episode:
+            elif not self.episode.open:
                 # Nothing can fire without the entropy rise: skip the rest on healthy steps.
                 return Assessment(level=0, evidence=ev)
         length_up = False
@@ -320,11 +320,11 @@ class DegenerateLongCot(Detector):
                 f"+trl.rewards.get_soft_overlong_punishment(max_completion_len={int(cap)}, "
                 f"soft_punish_cache={max(1, int(cap) // 4)})"
             )
-        level = 2 if (crit and self.episode_len >= 1) else (1 if warn or crit else 0)
+        level = 2 if (crit and self.episode.points >= 1) else (1 if warn or crit else 0)
         onset = None
         if level:
             onset = self._onset()
-        return Assessment(level=level, evidence=ev, onset_step=onset)
+        return Assessment(level=level, evidence=ev, onset_step=onset, confirm_points=confirm)
 
     def _onset(self) -> int | None:
         track = self.entropy if self.entropy.ready else self.clipped

@@ -216,7 +216,7 @@ class DeviceThrottled(Detector):
         return out
 
     def _overrides(self) -> dict[str, Any]:
-        return self._rollout_overrides() if self._evidence.get("mode") == "rollout_bound" else {}
+        return self._rollout_overrides() if self.evidence.get("mode") == "rollout_bound" else {}
 
     def _advice(self, mode: str, ev: Mapping[str, Any]) -> str:
         if mode == "throttled":

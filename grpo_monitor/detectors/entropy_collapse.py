@@ -202,7 +202,7 @@ class EntropyCollapse(Detector):
 
     def _judge(self, step: int, h: float) -> Assessment:
         base = self.entropy.base or 0.0
-        if not self.in_episode and h > 1.5 * self.trend_ratio * base:
+        if not self.episode.open and h > 1.5 * self.trend_ratio * base:
             # Far from any threshold (a median of recent points cannot be below it while this point is
             # this high on a healthy run).
             return Assessment(0, {"entropy": h, "baseline": base, "ratio_to_baseline": h / base if base else None,
@@ -210,7 +210,7 @@ class EntropyCollapse(Detector):
         k = self.clock.points()
         ratio = self.entropy.ratio(k) or 1.0
         last = h / base if base > 0 else 1.0
-        threshold = self.drop_ratio * (1.4 if self.in_episode else 1.0)
+        threshold = self.drop_ratio * (1.4 if self.episode.open else 1.0)
         strong_drop = ratio <= threshold and last <= threshold * 1.5
         ev: dict[str, Any] = {
             "entropy": finite(h),
@@ -237,7 +237,7 @@ class EntropyCollapse(Detector):
         # Once raised, a collapse lasts while the entropy stays down: the groups' spread flickers on a coarse
         # log (a few groups regain it for a point or two), and ending the episode on each flicker would raise
         # the same collapse again. Only correctness (solved, or rising since) or the entropy itself ends it.
-        holding = self.in_episode and strong_drop
+        holding = self.episode.open and strong_drop
         excuse = self._learning(ev, base) if corroborators or holding else None
         if excuse:
             # Entropy spent on answers that are right: the groups lost their spread because they are solved.
@@ -248,11 +248,11 @@ class EntropyCollapse(Detector):
         # trend path needs correctness to have stalled too.
         if (strong_drop and diversity) or (falling and diversity and stalled):
             level = 1
-            if strong_drop and len(corroborators) >= 2 and diversity and self.episode_len >= 1:
+            if strong_drop and len(corroborators) >= 2 and diversity and self.episode.points >= 1:
                 level = 2
         elif holding and not excuse:
             level = 1
-        if level and not self.in_episode and len(self.correct):
+        if level and not self.episode.open and len(self.correct):
             self.raised_from = (step, median(self.correct.last(16)))  # this assessment opens the episode
         ev["corroborated_by"] = corroborators
         ev["window_points"] = len(self.entropy.window)
@@ -308,7 +308,7 @@ class EntropyCollapse(Detector):
         has been raised, the gain counts from where correctness stood then: one made before was already weighed."""
         if self.fall_from is None or len(self.correct) < 16 or self.correct_base is None:
             return False
-        since = self.raised_from if self.in_episode and self.raised_from is not None else self.fall_from
+        since = self.raised_from if self.episode.open and self.raised_from is not None else self.fall_from
         recent = list(self.correct.values)[-16:]
         now = median(recent)
         se = 1.2533 * mad_sigma(recent) * math.sqrt(2.0 / 16.0)

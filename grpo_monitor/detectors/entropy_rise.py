@@ -72,6 +72,7 @@ class EntropyRise(Detector):
         self.settle_span = check_int("settle_span", settle_span, 0)
         self.max_settle_points = check_int("max_settle_points", max_settle_points, 2 * settle_half)
         self.lr_factor = check_float("lr_factor", lr_factor, 1.0, 1e6, low_open=True)
+        self.confirm_steps = self.hold_steps
         super().__init__()
 
     def _reset_state(self) -> None:
@@ -91,7 +92,6 @@ class EntropyRise(Detector):
         self._base: float | None = None
         self._spread = 0.0
         self._since_rebase = 0
-        self.confirm_steps = self.hold_steps
 
     def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         tr = self.entropy
@@ -116,10 +116,10 @@ class EntropyRise(Detector):
         if line is None:
             line = self._freeze(tr.baseline.value)
         self._since_rebase += 1
-        if self._since_rebase >= self.clock.points_for(16) and not self.in_episode and not self._pending:
+        if self._since_rebase >= self.clock.points_for(16) and not self.episode.open and not self.episode.pending:
             line = self._rebase()
         base = self._base or 0.0
-        if h < line and not self.in_episode and not self._pending:
+        if h < line and not self.episode.open and not self.episode.pending:
             # This point is below the rise line, so no median can confirm a rise.
             return Assessment(0, {"entropy": h, "baseline": base, "rise_line": line})
         return self._judge(step, h, base, line)
@@ -169,7 +169,7 @@ class EntropyRise(Detector):
         recent = self.entropy.recent(k) or h
         ratio = recent / base if base > 0 else math.inf
         # Held over ``hold_steps`` of training: fewer, coarser points on a sparse log.
-        self.confirm_points = self.clock.points_for(self.hold_steps, minimum=2)
+        confirm = self.clock.points_for(self.hold_steps, minimum=2)
         ev: dict[str, Any] = {
             "entropy": finite(h),
             "entropy_recent_median": finite(recent),
@@ -200,10 +200,10 @@ class EntropyRise(Detector):
         improving = self._correctness_improving()
         if improving:
             ev["correctness_improving"] = True
-        if ratio >= self.critical_ratio and self.episode_len >= 1 and not improving:
+        if ratio >= self.critical_ratio and self.episode.points >= 1 and not improving:
             level = 2
         self._remedy(ev)
-        return Assessment(level=level, evidence=ev, onset_step=self._onset(line))
+        return Assessment(level=level, evidence=ev, onset_step=self._onset(line), confirm_points=confirm)
 
     def _to_cap(self, ev: dict[str, Any]) -> bool:
         """Completions running to the length cap: the rise is a degeneration, judged elsewhere."""

@@ -119,7 +119,7 @@ class GradNormSpike(Detector):
             self._since += 1
             if self._since >= 8:
                 self._refresh()
-            if not self.in_episode and not self._pending:
+            if not self.episode.open and not self.episode.pending:
                 return Assessment(0, {"grad_norm": g, "spike_line": math.exp(self._line)})
             return self._judge(step, g)
         # A spike: kept out of the trailing statistics, so a burst does not raise its own line.
@@ -177,7 +177,7 @@ class GradNormSpike(Detector):
             return Assessment(level=0, evidence=ev)
         level = 1
         falling = self._reward_falling(ev)
-        if falling and self.episode_len >= 1:
+        if falling and self.episode.points >= 1:
             level = 2
         self._remedy(ev, med)
         return Assessment(level=level, evidence=ev, onset_step=recent[0][0])
@@ -218,7 +218,7 @@ class GradNormSpike(Detector):
                         "is ignored).")
 
     def _overrides(self) -> dict[str, Any]:
-        ev = self._evidence
+        ev = self.evidence
         if ev.get("remedy") == "lower_max_grad_norm":
             return {"max_grad_norm": ev["recommended_max_grad_norm"]}
         if ev.get("remedy") == "lower_learning_rate":

@@ -70,6 +70,7 @@ class LengthCollapse(Detector):
         self.base_steps = check_int("base_steps", base_steps, 1)
         self.hold_steps = check_int("hold_steps", hold_steps, 1)
         self.recent_steps = check_int("recent_steps", recent_steps, 1)
+        self.confirm_steps = self.hold_steps
         super().__init__()
 
     def _reset_state(self) -> None:
@@ -88,7 +89,6 @@ class LengthCollapse(Detector):
         self.shaping: dict[str, float] = {}  # length-paying reward components at the early level
         self.shaping_now: dict[str, Window] = {}
         self._line = 0.0
-        self.confirm_steps = self.hold_steps
         cfg = self.context.config or {}
         # Already on Dr. GRPO's loss and unscaled advantages: the variant would change nothing.
         self._cure = None if all(cfg.get(k) == v for k, v in _DR_GRPO.items()) else type(self).variant
@@ -111,7 +111,7 @@ class LengthCollapse(Detector):
             v = get(metrics, f"rewards/{name}/mean")
             if v is not None:
                 w.push(step, v)
-        if L > self._line and not self.in_episode and not self._pending:
+        if L > self._line and not self.episode.open and not self.episode.pending:
             return Assessment(0, {"mean_length": L, "early_length": self.base})
         return self._judge(step, L)
 
@@ -142,7 +142,7 @@ class LengthCollapse(Detector):
     def _judge(self, step: int, L: float) -> Assessment:
         gap = self.clock.gap
         k = self.clock.points_for(self.recent_steps, minimum=3 if gap <= 2 else 2)
-        self.confirm_points = self.clock.points_for(self.hold_steps, minimum=2)
+        confirm = self.clock.points_for(self.hold_steps, minimum=2)
         base = self.base or 0.0
         recent = self.length.recent_median(k) or L
         ratio = recent / base if base > 0 else 1.0
@@ -175,11 +175,11 @@ class LengthCollapse(Detector):
         truncation = clipped is not None and clipped >= 0.2
         level = 1
         if tiny or (ratio <= self.critical_ratio and cor == "falling"):
-            level = 2 if self.episode_len >= 1 else 1
+            level = 2 if self.episode.points >= 1 else 1
         # Under heavy truncation the cap is the cause, not the loss: no variant then.
         self.variant = None if truncation else self._cure
         self._advice(ev, truncation)
-        return Assessment(level=level, evidence=ev, onset_step=self._onset())
+        return Assessment(level=level, evidence=ev, onset_step=self._onset(), confirm_points=confirm)
 
     def _correctness(self, ev: dict[str, Any], k: int) -> str:
         """'rising', 'flat' or 'falling' against the early level, beyond the noise.
@@ -293,8 +293,8 @@ class LengthCollapse(Detector):
                             "completions; Dr. GRPO removes both. Also check for a reward term that pays for shortness.")
 
     def _overrides(self) -> dict[str, Any]:
-        if self._evidence.get("remedy") == "raise_max_completion_length":
-            cap = self._evidence.get("recommended_max_completion_length")
+        if self.evidence.get("remedy") == "raise_max_completion_length":
+            cap = self.evidence.get("recommended_max_completion_length")
             return {"max_completion_length": cap} if cap else {}
         return super()._overrides()
 

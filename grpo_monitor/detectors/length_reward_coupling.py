@@ -80,6 +80,7 @@ class LengthRewardCoupling(Detector):
     id = "length_reward_coupling"
     variant = "dr_grpo"
     requires = (("completions/mean_length", "reward|rewards/*/mean"),)
+    confirm_points = 2
 
     def __init__(
         self,
@@ -114,7 +115,6 @@ class LengthRewardCoupling(Detector):
         self.corr = Window(self.max_points)
         self.len_correct = Window(self.max_points)
         self.len_incorrect = Window(self.max_points)
-        self.confirm_points, self.confirm_steps = 2, 10
 
     def _push_samples(self, step: int, samples: Sequence[Sample]) -> None:
         c = within_group_length_reward_corr(samples)
@@ -155,11 +155,9 @@ class LengthRewardCoupling(Detector):
         self.length.push(step, L)
         base = self.length.baseline.value or 0.0
         ready = base and len(self.correct) >= self.min_points
-        if ready and not self.in_episode and L < 0.8 * self.level_ratio * base:
+        if ready and not self.episode.open and L < 0.8 * self.level_ratio * base:
             # This point is far below the level a median of recent points would need.
             return Assessment(0, {"mean_length": {"latest": L, "baseline": base, "threshold_ratio": self.level_ratio}})
-        # Fine logs: each point is one noisy step, so ask for twice the stretch of training.
-        self.confirm_steps = 20 if self.clock.gap <= 2 else 10
         if not ready:
             return Assessment(warming_up=True, evidence={"points": len(self.length.window)})
         return self._judge(step)
@@ -183,7 +181,7 @@ class LengthRewardCoupling(Detector):
         base = self.length.baseline.value or 0.0
         recent = self.length.window.recent_median(k) or 0.0
         ratio = recent / base if base > 0 else 0.0
-        need = self.level_ratio * (0.9 if self.in_episode else 1.0)
+        need = self.level_ratio * (0.9 if self.episode.open else 1.0)
         ev: dict[str, Any] = self._level_evidence(recent, base, ratio)
         if ratio < need:
             return Assessment(0, ev)
@@ -224,7 +222,7 @@ class LengthRewardCoupling(Detector):
                              "relative_gain_upper": finite(c_rel_upper),
                              "elasticity_to_length": finite(elasticity), "threshold_elasticity": self.stall_elasticity,
                              "recent": finite(median(cv[-k:]))}
-        stalled = elasticity <= self.stall_elasticity * (1.5 if self.in_episode else 1.0)
+        stalled = elasticity <= self.stall_elasticity * (1.5 if self.episode.open else 1.0)
         falling = mk_c.p_down < 0.05
         # Entropy rising with the length, or truncation jumping, is degeneration (DAPO 3.3: entropy and length
         # rise together), not a length trend: leave it to that detector, unless the total reward rises with the
@@ -248,13 +246,15 @@ class LengthRewardCoupling(Detector):
         level = 0
         if length_rising and not degenerate and (stalled or "length_explains_reward" in corroborators):
             level = 1
-            if self.episode_len >= 1 and (falling or corroborators or ratio >= 2 * self.level_ratio):
+            if self.episode.points >= 1 and (falling or corroborators or ratio >= 2 * self.level_ratio):
                 level = 2
         ev["corroborated_by"] = corroborators
         onset = None
         if level:
             onset = self._onset(base)
-        return Assessment(level=level, evidence=ev, onset_step=onset)
+        # Fine logs: each point is one noisy step, so ask for twice the stretch of training.
+        confirm = 20 if self.clock.gap <= 2 else 10
+        return Assessment(level=level, evidence=ev, onset_step=onset, confirm_steps=confirm)
 
     def _corroborators(self, start: int, ev: dict[str, Any]) -> list[str]:
         out = []

@@ -202,7 +202,7 @@ class MemoryPressure(Detector):
             return Assessment(warming_up=True, evidence={"peak_frac": finite(frac), "points": len(self.first)})
         k = self.clock.points(3, 2)
         recent = self.fracs.recent_median(k) or frac
-        if recent < min(0.75, self.high) and not self.in_episode:
+        if recent < min(0.75, self.high) and not self.episode.open:
             # Far from the capacity: nothing to project (the trend fit is left for when it matters).
             self.above_since = None
             return Assessment(level=0, evidence={"peak_frac": finite(frac), "recent_peak_frac": finite(recent),

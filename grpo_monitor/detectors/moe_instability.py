@@ -199,7 +199,7 @@ class MoeInstability(Detector):
     def _judge(self, step: int) -> Assessment:
         ev: dict[str, Any] = {"recent_steps": self.recent_steps}
         signals: list[str] = []
-        relax = 0.8 if self.in_episode else 1.0
+        relax = 0.8 if self.episode.open else 1.0
         k = self.clock.points()
         # On coarse logs each point already averages many steps: one high point is a burst.
         bursts_needed = 2 if k >= 3 else 1
@@ -264,7 +264,7 @@ class MoeInstability(Detector):
         level = 0
         if len(signals) >= self.min_signals:
             level = 1
-            if len(signals) >= self.min_signals + 1 or self.episode_len >= 2:
+            if len(signals) >= self.min_signals + 1 or self.episode.points >= 2:
                 level = 2
         return Assessment(level=level, evidence=ev, onset_step=None)
 

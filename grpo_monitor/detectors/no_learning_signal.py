@@ -186,7 +186,7 @@ class NoLearningSignal(Detector):
                 if r is not None and (self.best_reward is None or r > self.best_reward):
                     self.best_reward = r
             self._run = 0
-            if not self.in_episode:
+            if not self.episode.open:
                 return Assessment(0, _evidence([], 0, self.persist_points, self.level))
         run = self._run
         k = self.persist_points
@@ -246,7 +246,7 @@ class NoLearningSignal(Detector):
         level = 0
         if sustained and not deferred:
             level = 1
-            if long_sustained or (self.episode_len >= 1 and sum(1 for v in flags.last(need) if v >= 2) == need):
+            if long_sustained or (self.episode.points >= 1 and sum(1 for v in flags.last(need) if v >= 2) == need):
                 level = 2
         onset = flags.steps[-run] if run and level else None
         return Assessment(level=level, evidence=ev, onset_step=onset)

@@ -44,6 +44,7 @@ class NonFinite(Detector):
     variant = None
     role = "guard"  # a sanity check: a run it alone could read is not judged
     clear_after = 3
+    warms_up = False
 
     def __init__(self, persist_points: int = 2) -> None:
         self.persist_points = check_int("persist_points", persist_points, 1)
@@ -52,7 +53,6 @@ class NonFinite(Detector):
     def _reset_state(self) -> None:
         self.run = 0
         self.first_step: int | None = None
-        self.state = "ok"
 
     def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         bad, seen = non_finite_keys(metrics)

@@ -87,6 +87,7 @@ class RewardComponentDivergence(Detector):
         self.persist_steps = check_int("persist_steps", persist_steps, 0)
         self.max_components = check_int("max_components", max_components, 1)
         self.saturated_steps = check_int("saturated_steps", saturated_steps, 1)
+        self.confirm_points, self.confirm_steps = self.persist_points, self.persist_steps
         super().__init__()
 
     def _reset_state(self) -> None:
@@ -96,7 +97,6 @@ class RewardComponentDivergence(Detector):
         self.c_first: list[float] = []
         self.c_last: deque[float] = deque(maxlen=_MEAN_POINTS)
         self.components: dict[str, _Component] = {}
-        self.confirm_points, self.confirm_steps = self.persist_points, self.persist_steps
         self._live = False
 
     def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
@@ -130,7 +130,7 @@ class RewardComponentDivergence(Detector):
                 return Assessment(warming_up=True)
             # A correctness component, its baseline and a tracked component's: none of these is ever undone.
             self._live = True
-        if not self.in_episode and not self._worth_judging(step):
+        if not self.episode.open and not self._worth_judging(step):
             return Assessment(0, {"components": "no component near a rise"})
         return self._judge(step)
 
@@ -156,13 +156,13 @@ class RewardComponentDivergence(Detector):
     def _judge(self, step: int) -> Assessment:
         # Levels over about ten steps: one logged point of a binary reward mean is too noisy.
         k = self.clock.points_for(10, self.clock.points())
-        relax = 1.5 if self.in_episode else 1.0
+        relax = 1.5 if self.episode.open else 1.0
         cb = self.correct.base or 0.0
         cr = self.correct.recent(k) or 0.0
         cn = max(self.correct.baseline.spread or 0.0, 0.02 * max(abs(cb), abs(cr)), 1e-6)
         ev: dict[str, Any] = {
             "correctness": {"metric": self.correctness.key, "recent": cr, "baseline": cb},
-            "persist_points": self.confirm_points,
+            "persist_points": self.persist_points,
         }
         best: tuple[float, str, float, float, float] | None = None
         for name, comp in self.components.items():
@@ -195,8 +195,8 @@ class RewardComponentDivergence(Detector):
                     ev["still_climbing"] = climbing
             if score >= 1.0 / relax and (c_flat or c_falling) and not (climbing and not c_falling):
                 level = 1
-                if self.episode_len >= self.confirm_points and (
-                        c_falling or step - (self.episode_start or step) >= self.saturated_steps):
+                if self.episode.points >= self.persist_points and (
+                        c_falling or step - (self.episode.since or step) >= self.saturated_steps):
                     # Critical once correctness has stayed put for a stretch after the climb ended.
                     level = 2
         onset = None
@@ -251,7 +251,7 @@ class RewardComponentDivergence(Detector):
         if len(history) < 8:
             return 0, None
         peak = max(map(abs, history))
-        relax = 2.0 if self.in_episode else 1.0
+        relax = 2.0 if self.episode.open else 1.0
         near_zero = abs(cr) <= 0.05 * relax * abs(recent) and peak <= 0.2 * relax * abs(recent)
         ev["component"] = name
         ev["pattern"] = "saturated"

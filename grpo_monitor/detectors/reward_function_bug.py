@@ -182,7 +182,7 @@ class RewardFunctionBug(Detector):
     # -- per step ---------------------------------------------------------------------------------
 
     def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
-        if (not self._pinned and not self.in_episode and len(metrics) == self._nkeys
+        if (not self._pinned and not self.episode.open and len(metrics) == self._nkeys
                 and not (samples and (self.sample_check or self.token_check))):
             return None  # nothing left to follow: the healthy path from the first steps on
         if len(metrics) != self._nkeys:
@@ -492,8 +492,8 @@ class RewardFunctionBug(Detector):
         return out
 
     def _overrides(self) -> dict[str, Any]:
-        comps = self._evidence.get("components") or [{}]
-        if self._evidence.get("remedy") == DROP_LENGTH_REWARD:
+        comps = self.evidence.get("components") or [{}]
+        if self.evidence.get("remedy") == DROP_LENGTH_REWARD:
             weights = self._drop_weights(comps[0].get("component"))
             if weights is not None:
                 return {"reward_weights": weights}

@@ -264,7 +264,7 @@ class RolloutMismatch(Detector):
         corroborators = self._corroborators(k, ev)
         ev["corroborated_by"] = corroborators
         level = 1
-        if (len(signals) >= 2 or corroborators) and self.episode_len >= 1:
+        if (len(signals) >= 2 or corroborators) and self.episode.points >= 1:
             level = 2
         onset = min(onsets) if onsets else None
         return Assessment(level=level, evidence=ev, onset_step=onset)
@@ -313,7 +313,7 @@ class RolloutMismatch(Detector):
             mk = mann_kendall([math.log(max(v, 1e-12)) for v in vals], steps)
             out["trend"] = mk.as_evidence()
             rising = mk.p_up < self.alpha
-        out["drifting"] = far or rising or self.in_episode
+        out["drifting"] = far or rising or self.episode.open
         return out
 
     def _is_band(self, k: int, ev: dict[str, Any]) -> bool:

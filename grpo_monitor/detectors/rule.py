@@ -29,6 +29,10 @@ KINDS = ("below", "above", "drop", "rise")
 RULE_ID = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
 
 
+# The remedy name of a rule's advice: the recommendation says "follow the team rule", with the rule's words.
+TEAM_RULE = "team_rule"
+
+
 class RuleDetector(Detector):
     """One declared rule. Built by ``core.rules.load_rules`` from a file; all arguments are checked here.
 
@@ -43,7 +47,9 @@ class RuleDetector(Detector):
     """
 
     variant = None
-    role = "guard"  # a team's check: it flags, but a run only it could read is not called judged
+    # A team's check: it flags, but a run only it could read is not called judged; a report lists the rules it
+    # could not check (their metric not logged) by this role.
+    role = "rule"
 
     def __init__(self, id: str, metric: str, *, below: float | None = None, above: float | None = None,
                  drop: float | None = None, rise: float | None = None, for_steps: int = 1, baseline_steps: int = 10,
@@ -124,6 +130,7 @@ class RuleDetector(Detector):
             evidence["baseline"] = self.baseline
         if self.advice:
             evidence["advice"] = self.advice
+            evidence["remedy"] = TEAM_RULE  # the rule's own words are the fix, not "change the code"
         if held < self.for_steps:
             return Assessment(0, evidence)
         return Assessment(2 if self.severity == "critical" else 1, evidence, onset_step=self.since)

@@ -53,6 +53,8 @@ class TrainEvalDivergence(Detector):
     requires = ((TRAIN_INPUT, EVAL_INPUT),)
     clear_after = 2
     clear_steps = 0
+    # Two evaluations in a row: one window's trend test alone is a coin with a 5 % edge.
+    confirm_points = 2
 
     def __init__(self, window: int = 6, min_points: int = 5, alpha: float = 0.05, min_rise: float = 0.2,
                  z: float = 3.0, min_drop: float = 0.05) -> None:
@@ -67,8 +69,6 @@ class TrainEvalDivergence(Detector):
     def _reset_state(self) -> None:
         self.track = EvalTrack()
         self.falls = 0
-        # Two evaluations in a row: one window's trend test alone is a coin with a 5 % edge.
-        self.confirm_points = 2
 
     def assess(self, step: int, metrics: Metrics, samples: Sequence[Sample]) -> Assessment | None:
         if not self.track.push(step, metrics):

@@ -78,13 +78,13 @@ class Truncation(Detector):
         self.persist_steps = check_int("persist_steps", persist_steps, 0)
         self.defer_high = check_float("defer_high", defer_high, 1.0, 1e6, low_open=True)
         self.defer_low = check_float("defer_low", defer_low, 0.0, 1.0, low_open=True, high_open=True)
+        self.confirm_points, self.confirm_steps = self.persist_points, self.persist_steps
         super().__init__()
 
     def _reset_state(self) -> None:
         cfg = self.context.config or {}
         self.cap = _int_setting(cfg, "max_completion_length")
         self.masked = cfg.get("mask_truncated_completions") is True
-        self.confirm_points, self.confirm_steps = self.persist_points, self.persist_steps
         # The truncated share of the last points.
         self.cuts: deque[float] = deque(maxlen=_WINDOW)
         self.cut_steps: deque[int] = deque(maxlen=_WINDOW)
@@ -115,13 +115,13 @@ class Truncation(Detector):
             self.early.append(cr)
         if cr < 0.5 * self.level:
             self.low.append(metrics)
-        if sum(1 for c in self.cuts if c >= self.level) < 2 and not self.in_episode:
+        if sum(1 for c in self.cuts if c >= self.level) < 2 and not self.episode.open:
             return Assessment(0, {"truncation": "low"})  # no median over the last points can reach the level
         # A coarse point already averages several steps: fewer points cover the same stretch of training.
-        self.confirm_points = min(self.persist_points, max(2, -(-self.persist_steps // self.clock.gap) + 1))
+        confirm = min(self.persist_points, max(2, -(-self.persist_steps // self.clock.gap) + 1))
         if samples and cr >= self.level:
             self._measure_gap(samples)
-        return self._judge(step)
+        return self._judge(step, confirm)
 
     def _measure_gap(self, samples: Sequence[Sample]) -> None:
         """How much less the cut completions of this batch scored than the completed ones."""
@@ -143,7 +143,7 @@ class Truncation(Detector):
         if cut >= 3 and done >= 3:
             self.gaps.append((s_done / done - s_cut / cut, s_done / done))
 
-    def _judge(self, step: int) -> Assessment:
+    def _judge(self, step: int, confirm: int) -> Assessment:
         k = min(_WINDOW, self.clock.points_for(10, 3))
         cuts = list(self.cuts)[-k:]
         r = median(cuts)
@@ -169,14 +169,14 @@ class Truncation(Detector):
         level = 0
         if (rising and fell) or costly or large:
             level = 1
-            long = self.episode_len >= self.persist_points
+            long = self.episode.points >= self.persist_points
             batch = completions_per_step(self.context.config, self.cuts)
             if batch is not None and batch <= 4:
                 # A handful of completions a point: one cut completion is a quarter or more, and a component's
                 # fall is as noisy; only a long stretch of it confirms.
                 ev["completions_per_point"] = batch
                 fell, costly = [], False
-                long = self.episode_len >= 3 * self.persist_points
+                long = self.episode.points >= 3 * self.persist_points
             # Critical needs the harm itself (a component fell, or cut completions scored less): a large share
             # alone wastes compute, and the cap may be where the task's answers end anyway.
             if not self.masked and (fell or costly) and (r >= self.high or long):
@@ -196,7 +196,7 @@ class Truncation(Detector):
                 if v < self.level:
                     break
                 onset = s
-        return Assessment(level=level, evidence=ev, onset_step=onset)
+        return Assessment(level=level, evidence=ev, onset_step=onset, confirm_points=confirm)
 
     def _groups_carry_spread(self, k: int) -> bool:
         """Most groups of the last points still score their completions differently."""

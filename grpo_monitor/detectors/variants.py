@@ -47,6 +47,21 @@ EXTRA_ADVICE: dict[str, dict[str, str]] = {
 }
 
 
+def extra_advice(variant: str | None, max_completion_length: Any = None) -> dict[str, str]:
+    """What ``variant`` asks beyond ``GRPOConfig`` (``EXTRA_ADVICE``), its numbers filled in from the run's
+    ``max_completion_length`` where it is known; placeholders only where it is not.
+
+    >>> extra_advice("dapo", 1024)["reward_funcs"]
+    '+trl.rewards.get_soft_overlong_punishment(max_completion_len=1024, soft_punish_cache=256)'
+    """
+    advice = dict(EXTRA_ADVICE.get(variant or "", {}))
+    cap = max_completion_length
+    if "reward_funcs" in advice and type(cap) is int and cap > 0:
+        advice["reward_funcs"] = (f"+trl.rewards.get_soft_overlong_punishment(max_completion_len={cap}, "
+                                  f"soft_punish_cache={max(1, cap // 4)})")
+    return advice
+
+
 def preset(variant: str | None, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The plain preset of ``variant`` (a fresh dict), completed from the run's config where it
     depends on it. ``None`` gives ``{}``."""

@@ -43,6 +43,8 @@ file and the fault; a file no reader takes says what it lacks to be of the neare
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
 import os
 from pathlib import Path
@@ -50,7 +52,7 @@ from typing import Any
 
 from grpo_monitor.readers._base import Probe, Reader, Source, SourceError, one_line
 
-__all__ = ["FORMATS", "READERS", "Probe", "Reader", "Source", "SourceError", "detect_format", "load_source", "readers"]
+__all__ = ["FORMATS", "READERS", "Probe", "Reader", "Source", "SourceError", "detect_format", "folder_run", "load_source", "missing_reason", "readers"]
 
 # The order formats are tried in, as ``module:Reader`` of this package. Folders: our run directory
 # first, a Trainer's own state before the TensorBoard logs beside it, checkpoints after them. Files:
@@ -132,9 +134,42 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         raise SourceError(p, f"cannot read ({exc.strerror or exc.__class__.__name__})") from None
 
 
+def folder_run(folder: Path) -> str | None:
+    """The format of the one run ``folder`` itself is, by the first reader that says so (``Reader.one_run``),
+    else None; a folder that cannot be looked into is not one."""
+    for reader in readers():
+        try:
+            if reader.one_run(folder):
+                return reader.formats[0]
+        except Exception:  # a reader that cannot look (a missing optional package, a permission): not one
+            continue
+    return None
+
+
+def missing_reason(path: str | os.PathLike[str]) -> str:
+    """Why a path that does not resolve is not there, as ``analyze`` and ``watch`` both say it: a symbolic link
+    that leads back to itself, a broken link (and where it points), or nothing at all.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "loop").symlink_to(d / "loop")
+    >>> missing_reason(d / "loop"), missing_reason(d / "absent")
+    ('a symbolic link loop (it leads back to itself)', 'no such file or directory')
+    """
+    p = Path(path)
+    if p.is_symlink():
+        try:
+            os.stat(p)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return "a symbolic link loop (it leads back to itself)"
+            with contextlib.suppress(OSError):
+                return f"a broken symbolic link (to {os.readlink(p)}, which does not exist)"
+    return "no such file or directory"
+
+
 def _probe(p: Path, logging_steps: int | None = None) -> Probe:
     if not p.exists():
-        raise SourceError(p, "no such file or directory")
+        raise SourceError(p, missing_reason(p))
     if not p.is_dir() and not p.is_file():
         raise SourceError(p, "not a regular file or directory")
     return Probe(p, logging_steps)

@@ -525,3 +525,8 @@ class Reader:
 
     def near_miss(self, probe: Probe) -> str | None:
         return None
+
+    def one_run(self, folder: Path) -> bool:
+        """Whether ``folder`` itself is one run of this kind, as a search through a folder of runs meets it
+        (a folder that merely holds such runs deeper down is not): looked at cheaply, never read."""
+        return False

@@ -19,7 +19,8 @@ def read_run_dir(path: Path) -> Source:
     reaches it (``StepSamples``), so a long run's samples are never all in memory. A line that is
     not a record is left out and counted (``skipped_records``); the rest of the run is read.
     """
-    from grpo_monitor.core.runlog import RunLogError, SampleIndex, StepSamples, read_run
+    from grpo_monitor.core.runlog import RunLogError, read_run
+    from grpo_monitor.core.sample_index import SampleIndex, StepSamples
 
     try:
         log = read_run(path, samples=False)
@@ -38,7 +39,60 @@ def read_run_dir(path: Path) -> Source:
     finish(src, table)
     src.samples = StepSamples(index)  # type: ignore[assignment]
     src.context = context_from_header(log.header)
+    if log.header_count > 1:
+        src.parts = runs_written_twice(src)
     return src
+
+
+def runs_written_twice(src: Source) -> list[tuple[str, Source]]:
+    """A ``run.jsonl`` into which a second run was written, as one source per run (``Source.parts``); empty
+    when it holds one run.
+
+    A resumed run appends a header with ``resumed_from_step`` > 0 and continues the same run; a header that
+    starts from step 0 under another run id after steps were logged is a new run. Each part is replayed
+    without samples: the runs' samples cannot be told apart.
+    """
+    from grpo_monitor.core.runlog import RunLog, RunLogError, iter_records
+
+    run = src.run
+    assert run is not None
+    run_file = Path(run.path) / "run.jsonl"
+    logs: list[RunLog] = []
+    current: RunLog | None = None
+    try:
+        records = list(iter_records(run_file))
+    except RunLogError:
+        return []
+    for rec in records:
+        if rec["type"] == "header":
+            starts_over = not rec.get("resumed_from_step")
+            other = current is not None and rec.get("run_id") != current.header.get("run_id")
+            if current is None or (starts_over and other and (current.steps or current.summary is not None)):
+                current = RunLog(path=Path(run.path), header=rec)
+                logs.append(current)
+                continue
+        if current is not None:
+            current.add(rec)
+    if len(logs) < 2:
+        return []
+    out = []
+    for i, log in enumerate(logs, 1):
+        part = Source(path=Path(run.path), format="run_dir", run=log)
+        table = StepTable()
+        norm = Normalizer()
+        for rec in log.steps:
+            step = as_step(rec["step"])
+            metrics = rec.get("metrics")
+            if step is not None:
+                table.add(step, norm(metrics) if isinstance(metrics, dict) else {})
+        finish(part, table)
+        part.context = context_from_header(log.header)
+        part.warnings = list(src.warnings) + [
+            f"{run_file} holds {len(logs)} runs (run ids {', '.join(str(x.header.get('run_id')) for x in logs)}): "
+            f"this is run {i}, replayed without its samples (the runs' samples cannot be told apart)"
+        ]
+        out.append((f"run {i} of {len(logs)}: {log.header.get('run_id')}", part))
+    return out
 
 
 def skipped_records(src: Source) -> Skipped:
@@ -93,6 +147,9 @@ class RunDirReader(Reader):
         if isinstance(first, dict) and first.get("type") == "header" and "schema" in first:
             raise SourceError(probe.path, "a grpo-monitor run log must be named run.jsonl inside its run directory")
         return None
+
+    def one_run(self, folder: Path) -> bool:
+        return (folder / "run.jsonl").is_file()
 
     def read(self, probe: Probe, fmt: str) -> Source:
         return read_run_dir(probe.path)

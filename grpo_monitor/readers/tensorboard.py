@@ -869,5 +869,9 @@ class TensorBoardReader(Reader):
             return "tensorboard"
         return None
 
+    def one_run(self, folder: Path) -> bool:
+        # Event files beside the folder's other entries; deeper ones belong to the runs below it.
+        return any("tfevents" in f.name for f in folder.iterdir() if f.is_file())
+
     def read(self, probe: Probe, fmt: str) -> Source:
         return read_tensorboard(probe.path)

@@ -410,6 +410,10 @@ class WandbReader(Reader):
             return "wandb" if looks_like_wandb_dir(probe.path) else None
         return "wandb" if probe.head.startswith(WANDB_MAGIC) else None
 
+    def one_run(self, folder: Path) -> bool:
+        # A wandb/ folder of several runs is a folder of runs, each one read on its own.
+        return looks_like_wandb_dir(folder) and len(wandb_runs(folder)) < 2
+
     def read(self, probe: Probe, fmt: str) -> Source:
         return read_wandb(probe.path)
 
@@ -424,6 +428,9 @@ class TrackioReader(Reader):
         if probe.is_dir:
             return "trackio" if trackio_databases(probe.path) else None
         return "trackio" if probe.head.startswith(SQLITE_MAGIC) else None
+
+    def one_run(self, folder: Path) -> bool:
+        return bool(trackio_databases(folder))
 
     def read(self, probe: Probe, fmt: str) -> Source:
         return read_trackio(probe.path)

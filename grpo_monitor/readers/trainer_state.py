@@ -97,6 +97,9 @@ class TrainerStateReader(Reader):
             return None
         return "trainer_state" if is_trainer_state(probe.document()) else None
 
+    def one_run(self, folder: Path) -> bool:
+        return (folder / "trainer_state.json").is_file()
+
     def read(self, probe: Probe, fmt: str) -> Source:
         if probe.is_dir:
             return read_state_file(probe.path / "trainer_state.json")
@@ -118,6 +121,9 @@ class CheckpointsReader(Reader):
             return None
         probe.cache["checkpoint"] = best
         return "trainer_state"
+
+    def one_run(self, folder: Path) -> bool:
+        return any(folder.glob("checkpoint-*/trainer_state.json"))
 
     def read(self, probe: Probe, fmt: str) -> Source:
         state = probe.cache.get("checkpoint") or newest_checkpoint(probe.path)

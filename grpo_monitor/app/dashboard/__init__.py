@@ -49,7 +49,7 @@ def run_path(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if not p.is_dir() or (p / RUN_FILE).is_file():
         return p
-    from grpo_monitor.analysis.report import discover_runs
+    from grpo_monitor.analysis.discovery import discover_runs
 
     try:
         runs = discover_runs(p)
@@ -76,10 +76,12 @@ def check_path(path: str | os.PathLike[str], wait: bool = False) -> str | None:
 
 def _check(p: Path, wait: bool) -> str | None:
     target = p / RUN_FILE if p.is_dir() and (p / RUN_FILE).is_file() else p
-    if not p.exists() and not p.is_symlink():
-        if wait:
-            return None
-        return f"{p}: no such file or directory (--wait waits for a run that has not started yet)"
+    if not p.exists():
+        from grpo_monitor.readers import missing_reason
+
+        if not p.is_symlink():
+            return None if wait else f"{p}: no such file or directory (--wait waits for a run that has not started yet)"
+        return f"{p}: {missing_reason(p)}"  # a link that leads nowhere never starts a run
     if target.name == RUN_FILE:
         return _check_run_log(target)
     if p.is_dir() and is_starting_run(p):
@@ -137,14 +139,14 @@ def _check_run_log(run_file: Path) -> str | None:
 
 
 def _not_a_run_log(run_file: Path, first: bytes, lineno: int = 1) -> str | None:
-    from grpo_monitor.core.runlog import RunLogError, parse_line
+    from grpo_monitor.core.runlog import RunLogError, no_header, parse_line
 
     try:
-        parse_line(first, f"{run_file}:{lineno}")
+        record = parse_line(first, f"{run_file}:{lineno}")
     except RunLogError as exc:
         what = str(exc).split(": ", 1)[-1]
         return f"{run_file}: not a run this tool reads (line {lineno}: {what})"
-    return None
+    return no_header(run_file, record)  # as analyze says it: a log without its header cannot be judged
 
 
 def run_watch(path: str | os.PathLike[str], wait: bool = False) -> None:

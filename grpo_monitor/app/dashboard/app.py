@@ -88,7 +88,8 @@ def replay_source(path: str | Path, warnings: list[str] | None = None) -> list[d
         if run.summary:
             records.append(dict(run.summary))
         return records
-    from grpo_monitor.analysis.report import names_with_values, prepare_names, replay_session, session_coverage
+    from grpo_monitor.analysis.prepare import names_with_values, prepare_names
+    from grpo_monitor.analysis.replay import replay_session, session_coverage
 
     src, logged = prepare_names(src)
     records[0]["reward_funcs"] = list(src.context.reward_names)

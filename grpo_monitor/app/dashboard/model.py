@@ -115,7 +115,7 @@ class RunModel:
         self.restarts: list[dict[str, Any]] = []
         self.notes: list[dict[str, Any]] = []
         self.mem_samples: list[dict[str, Any]] = []  # sample records that arrived as records
-        self.sample_indexes: list[Any] = []  # ``grpo_monitor.core.runlog.SampleIndex`` of each followed directory
+        self.sample_indexes: list[Any] = []  # ``grpo_monitor.core.sample_index.SampleIndex`` of each followed directory
         self._index_versions: tuple[int, ...] = ()
         self._step_cache: dict[int, tuple[int, list[dict[str, Any]]]] = {}
         self.summary: dict[str, Any] | None = None
@@ -180,7 +180,14 @@ class RunModel:
 
     @property
     def finished(self) -> bool:
-        return self.summary is not None
+        """The run wrote its final summary, or logged its last step (a summary line torn by a crash, as
+        ``analyze`` reads it: ``analysis.run_status.reached_max_steps``)."""
+        if self.summary is not None:
+            return True
+        from grpo_monitor.analysis.run_status import reached_max_steps
+
+        last = self.last_step
+        return bool(last) and reached_max_steps(self.config, last.get("step"))
 
     @property
     def length_cap(self) -> float | None:
@@ -226,7 +233,7 @@ class RunModel:
         if self.replayed_coverage is not None:
             cov = self.replayed_coverage
         else:
-            from grpo_monitor.analysis.report import coverage_from_states
+            from grpo_monitor.analysis.replay import coverage_from_states
 
             cov = coverage_from_states(self.header, found, self.detector_states,
                                       has_samples=bool(self.sample_indexes or self.mem_samples))

@@ -7,7 +7,7 @@ record. A directory that does not exist yet is waited for. A ``restart`` record 
 ``child_run`` makes the tailer follow that directory too (a new segment of the same lineage, a
 sibling of the segment that stopped: ``core.restart.child_run_dir``).
 With ``index_samples=True`` (the dashboard) the sample files are not parsed but indexed by step
-(``grpo_monitor.core.runlog.SampleIndex``), a bounded number of bytes per poll, and a step's samples are
+(``grpo_monitor.core.sample_index.SampleIndex``), a bounded number of bytes per poll, and a step's samples are
 read when shown: the dashboard's memory and start-up time do not grow with the samples.
 
 >>> import tempfile, pathlib
@@ -15,7 +15,7 @@ read when shown: the dashboard's memory and start-up time do not grow with the s
 >>> t = RunTailer(d)
 >>> t.poll().records
 []
->>> from grpo_monitor.core.runlog import RunWriter
+>>> from grpo_monitor.core.runlog_writer import RunWriter
 >>> w = RunWriter(d); _ = w.header(run_id="r", config={}); w.close()
 >>> [r["type"] for r in t.poll().records]
 ['header']
@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.core.restart import child_run_dir
-from grpo_monitor.core.runlog import RUN_FILE, LineSplitter, RunLogError, SampleIndex, next_data, parse_line
+from grpo_monitor.core.runlog import RUN_FILE, LineSplitter, RunLogError, next_data, parse_line
+from grpo_monitor.core.sample_index import SampleIndex
 
 _SAMPLES_RE = re.compile(r"^samples\.rank(\d+)\.jsonl$")
 # One poll reads at most this much of one file, so a huge finished run arrives in batches

@@ -70,7 +70,7 @@ class RunHeader(Static):
         it; the Detectors panel shows each one's state), recomputed only when the logged names or
         the detectors' states change."""
         try:
-            from grpo_monitor.analysis.report import judgement_line
+            from grpo_monitor.analysis.replay import judgement_line
 
             cov, found = model.coverage()
             judged: tuple[str, str] | None = judgement_line(cov, found)
