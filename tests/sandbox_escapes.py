@@ -8,6 +8,11 @@ unit-test reward and runs completions that try to escape: read the secrets (also
 /tmp, kill every process it may (``kill(-1)``), leave a process behind, and hold more memory than
 the job's limit across six processes or in memory files. The last line of its stdout is a JSON
 report of what each attempt achieved; the test says what must hold.
+
+``python tests/sandbox_escapes.py --holes`` runs, as the same user, the holes an attack trial
+found instead (``HOLES``): expected values riding into the sandbox with a setup statement that
+binds an input, a deeply nested result blanking the batch, the job signalling its supervisor
+(PID 1), a setup helper that calls the solution, and socket families the job does not need.
 """
 
 from __future__ import annotations
@@ -119,7 +124,126 @@ def hold(n):
 """
 
 
+# -- the attack trial's holes -------------------------------------------------------------------------
+
+SQUARE = "def sq(v):\n    return v * v\n"
+# Returns the answer for its input where it finds that answer within its reach: its globals, any
+# object in the process (the job included), the frames above it. ANSWERS maps each input to its
+# answer's digits reversed, so that its own code holds none of them; the needle is built at run
+# time, a string, which no object list holds.
+SEEKER = """
+import gc, sys
+def _seek(v):
+    needle = ANSWERS.get(v, "1-")[::-1]
+    places = [globals()] + gc.get_objects()
+    frame = sys._getframe().f_back
+    while frame is not None:
+        places += [frame.f_globals, frame.f_locals]
+        frame = frame.f_back
+    for obj in places:
+        try:
+            if needle in repr(obj):
+                return int(needle)
+        except Exception:
+            pass
+    return -1
+def sq(v):
+    return _seek(v)
+"""
+# Setups binding an input with its answer, in every form the trial found: one statement binding
+# both, a list of (input, output) pairs, a dict of inputs to outputs, the tests as one string,
+# starred unpacking. ANSWERS: the answers the seeker looks for (it knows what to look for).
+# The numbers are rare enough that finding one's digits anywhere means it was brought in.
+LEAKS = {
+    "tuple_assignment": (["assert sq(x) == expected"], "x, expected = 4099, 16801801"),
+    "list_of_cases": (["assert sq(cases[0][0]) == cases[0][1]", "assert sq(cases[1][0]) == cases[1][1]"],
+                      "cases = [(4099, 16801801), (5113, 26142769)]"),
+    "dict_of_answers": (["assert sq(min(d)) == d[min(d)]"], "d = {4099: 16801801}"),
+    "tests_as_one_string": ("x, want = 4099, 16801801\nassert sq(x) == want", ""),
+    "starred": (["assert sq(x) == rest[0]"], "x, *rest = 4099, 16801801"),
+}
+LEAKED = repr({4099: str(16801801)[::-1], 5113: str(26142769)[::-1]})
+# A completion writing a deeply nested JSON document to its result pipe, then leaving.
+DEEP = ("import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'[' * 200000 + b']' * 200000)\n"
+        "    except OSError:\n        pass\nos._exit(0)\n")
+# Every signal a process may send, to PID 1 (the supervisor: also its parent) and to all it may
+# reach, before an honest solution.
+SIGNALS = """
+import os, signal
+sent = {}
+for sig in sorted(signal.valid_signals()):
+    for pid in (1, os.getppid()):
+        try:
+            os.kill(pid, sig)
+            sent[int(sig)] = "sent"
+        except OSError as exc:
+            sent.setdefault(int(sig), exc.strerror)
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    try:
+        os.kill(-1, sig)
+    except OSError:
+        pass
+def add(a, b):
+    return a + b
+"""
+HELPER_SETUP = "def check(x):\n    return solve(x) == 16801801"
+HELPER_SOLUTIONS = {"honest": "def solve(x):\n    return x * x\n", "wrong": "def solve(x):\n    return x + 1\n",
+                    "seeker": SEEKER.replace("def sq(v)", "def solve(v)").replace("ANSWERS", LEAKED)}
+FAMILIES = """
+import errno, socket
+def families():
+    out = {}
+    for name in ("AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET", "AF_VSOCK", "AF_ALG", "AF_UNIX", "AF_TIPC",
+                 "AF_BLUETOOTH", "AF_CAN", "AF_RDS", "AF_KEY", "AF_QIPCRTR"):
+        fam = getattr(socket, name, None)
+        if fam is None:
+            continue
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_RAW, socket.SOCK_SEQPACKET):
+            try:
+                socket.socket(fam, kind).close()
+                out[name] = "allowed"
+                break
+            except OSError as exc:
+                out.setdefault(name, errno.errorcode.get(exc.errno, str(exc.errno)))
+    return out
+"""
+
+
+def holes(sb: Sandbox) -> dict[str, object]:
+    reward = UnitTestReward(sandbox=sb)
+    out: dict[str, object] = {}
+    leaks = {}
+    for name, (tests, setup) in LEAKS.items():
+        seeker = SEEKER.replace("ANSWERS", LEAKED)
+        leaks[name] = reward(completions=[SQUARE, seeker], tests=[tests] * 2, test_setup_code=[setup] * 2)
+    out["expected_values"] = leaks
+    try:
+        res = sb.run(DEEP, probes=["1"])
+        run = {"ok": res.ok, "status": res.status, "error": res.error}
+    except Exception as exc:  # what the trainer would see raised
+        run = {"raised": f"{type(exc).__name__}: {exc}"[:200]}
+    out["deep_result"] = {"batch": reward(completions=[SQUARE, DEEP, SQUARE], tests=[["assert sq(3) == 9"]] * 3),
+                          "run": run}
+    res = sb.run(SIGNALS, probes=["sent", "add(1, 2)"])
+    out["signals"] = {"score": reward(completions=[SIGNALS], tests=[TESTS])[0],
+                      "run": {"ok": res.ok, "status": res.status, "error": res.error,
+                              "sent": decode_value(res.values[0]) if res.ok else None}}
+    out["helper"] = {name: reward(completions=[code], tests=[["assert check(4099)"]], test_setup_code=[HELPER_SETUP])[0]
+                     for name, code in HELPER_SOLUTIONS.items()}
+    res = sb.run(FAMILIES, probes=["families()"])
+    out["socket_families"] = decode_value(res.values[0]) if res.ok else f"{res.status}: {res.error}"
+    return out
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--holes"]:
+        sb = Sandbox(LIMITS, workers=2)
+        try:
+            report = {"uid": os.getuid(), "caps": sb.capabilities(), "holes": holes(sb)}
+        finally:
+            sb.close()
+        print(json.dumps(report, default=str))
+        return
     unix_path = sys.argv[1]
     tag = uuid.uuid4().hex[:12]
     secret = "s3cr3t-" + tag

@@ -276,3 +276,60 @@ def test_readers_stream_a_huge_sparse_file_in_bounded_memory(tmp_path):
     first, second = out.stdout.splitlines()
     assert first == f"{a / RUN_FILE}: no header record"
     assert second.startswith("[1, 2] [") and "half-written last line" in second
+
+
+def _resumed_run(path, resume_at=30, until=40, end=50, resume=True):
+    """Steps 1..until, then (a resume from checkpoint ``resume_at``) steps resume_at+1..end logged again."""
+    w = RunWriter(path)
+    w.header(run_id="r1", config={}, model={"is_moe": False}, resumed_from_step=0)
+    for s in range(1, until + 1):
+        w.step(s, {"reward": 0.1, "entropy": 1.0}, time=float(s))
+    if resume:
+        w.header(run_id="r1", config={}, model={"is_moe": False}, resumed_from_step=resume_at)
+    for s in range(resume_at + 1, end + 1):
+        w.step(s, {"reward": 0.9, "entropy": 0.5}, time=100.0 + s)
+    w.close()
+
+
+def test_a_step_logged_twice_is_kept_once_with_a_note_naming_it(tmp_path):
+    from grpo_monitor.readers import load_source
+
+    _resumed_run(tmp_path)
+    log = read_run(tmp_path)
+    assert [r["step"] for r in log.steps] == list(range(1, 51))
+    assert all(r["metrics"]["reward"] == 0.9 for r in log.steps[30:])  # the later records win
+    [note] = [w for w in log.warnings if "logged twice" in w]
+    assert note.startswith(f"{tmp_path / RUN_FILE}: steps 31-40 logged twice (lines 32-41 and 43-52; "
+                           "a resume from step 30 at line 42): the later records kept"), note
+    src = load_source(tmp_path)
+    assert note in src.warnings and [s for s, _ in src.steps] == list(range(1, 51))
+    assert src.steps[35][1]["reward"] == 0.9
+
+
+def test_a_step_logged_twice_without_a_resume_says_so(tmp_path):
+    _resumed_run(tmp_path, resume_at=4, until=5, end=6, resume=False)
+    [note] = [w for w in read_run(tmp_path).warnings if "logged twice" in w]
+    assert "step 5 logged twice (lines 6 and 7; no resume header between them)" in note
+    assert note.endswith("the later records kept (the latest record of a step wins)")
+
+
+def test_a_negative_step_is_a_skipped_record(tmp_path):
+    from grpo_monitor.readers import load_source
+
+    write_run(tmp_path, steps=3)
+    lines = (tmp_path / RUN_FILE).read_text().splitlines(keepends=True)
+    lines.insert(2, json.dumps({"type": "step", "step": -1, "metrics": {"entropy": 9.0}}) + "\n")
+    (tmp_path / RUN_FILE).write_text("".join(lines))
+    log = read_run(tmp_path)
+    assert [r["step"] for r in log.steps] == [1, 2, 3]
+    assert log.skipped.count == 1 and log.skipped.where[0] == f"{tmp_path / RUN_FILE}:3: step record with a negative 'step' (-1)"
+    src = load_source(tmp_path)
+    assert [s for s, _ in src.steps] == [1, 2, 3] and any("skipped 1 unreadable record" in w for w in src.warnings)
+
+
+def test_step_zero_is_a_step(tmp_path):
+    write_run(tmp_path, steps=2)
+    with open(tmp_path / RUN_FILE, "a") as fh:
+        fh.write(json.dumps({"type": "step", "step": 0, "metrics": {"entropy": 2.0}}) + "\n")
+    log = read_run(tmp_path)
+    assert [r["step"] for r in log.steps] == [0, 1, 2] and log.skipped.count == 0

@@ -7,6 +7,7 @@ reach no listener and leave no process behind. Limits are small so the suite sta
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -151,6 +152,21 @@ def test_split_keeps_verdict_logic_out_of_the_sandbox():
     assert t.verdict([3, 0]) is True and t.verdict([3, 1]) is False
     t2 = SplitTest("assert math.isclose(f(x), 2.0)", "import math\nx = 4")
     assert t2.probes == ["f(x)"]
+
+
+@pytest.mark.parametrize("test, setup", [
+    ("assert sq(x) == expected", "x, expected = 4099, 16801801"),
+    ("assert sq(cases[0][0]) == cases[0][1]", "cases = [(4099, 16801801), (5113, 26142769)]"),
+    ("assert sq(min(d)) == d[min(d)]", "d = {4099: 16801801}"),
+    ("assert sq(x) == rest[0]", "x, *rest = 4099, 16801801"),
+    ("assert sq(*xs) == want", "import sys\nsys.setrecursionlimit(10 ** 4)\nxs, want = [4099], 16801801"),
+])
+def test_only_a_calls_inputs_enter_the_sandbox(test, setup):
+    t = SplitTest(test, setup)
+    shipped = json.dumps({"probes": t.sandbox_probes, "setup": t.sandbox_setup})
+    assert "16801801" not in shipped and "26142769" not in shipped, shipped
+    assert all(isinstance(st, (ast.Import, ast.Expr)) for st in ast.parse(t.sandbox_setup).body), t.sandbox_setup
+    assert t.args is None and t.arg_sources  # evaluated by the judge, passed by value
 
 
 # -- attacks -----------------------------------------------------------------------------------------
@@ -591,6 +607,25 @@ def denied():
                                            "new user namespace": "EPERM", "stream pair": 2}
 
 
+def test_socket_families_are_denied_unless_allowed(caps, sandbox):
+    need(caps)
+    from grpo_monitor.rewards.sandbox import decode_value
+    from tests.sandbox_escapes import FAMILIES
+
+    res = sandbox.run(FAMILIES, probes=["families()"])
+    assert res.ok, res
+    got = decode_value(res.values[0])
+    assert got and set(got.values()) == {"EPERM"}, got  # AF_VSOCK included: it reaches the host from any namespace
+    opened = Sandbox(LIMITS, workers=1, socket_families=[socket.AF_INET])
+    try:
+        res = opened.run(FAMILIES, probes=["families()"])
+    finally:
+        opened.close()
+    assert res.ok, res
+    got = decode_value(res.values[0])
+    assert got["AF_INET"] == "allowed" and got["AF_VSOCK"] == "EPERM" and got["AF_UNIX"] == "EPERM", got
+
+
 # -- one isolation policy, whoever runs it ---------------------------------------------------------------
 
 IDENTITIES = {
@@ -666,6 +701,58 @@ def test_isolation_holds_as(identity, run_socket):
     assert received == []
     assert rep["processes"]["status"] == "memory" and rep["processes"]["held"] is None, rep
     assert rep["memfd"]["held"] is None or rep["memfd"]["held"] <= 256 << 20, rep
+
+
+_HOLES: dict[str, dict] = {}
+
+
+def _holes_as(identity: str) -> dict:
+    """The attack trial's holes, tried once per identity by ``sandbox_escapes.py --holes``."""
+    if identity not in _HOLES:
+        prefix, home, env = _as_identity(identity)
+        try:
+            proc = subprocess.run(prefix + [sys.executable, str(ROOT / "tests" / "sandbox_escapes.py"), "--holes"],
+                                  cwd=home, env=env, capture_output=True, text=True, timeout=180)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        lines = proc.stdout.strip().splitlines()
+        assert proc.returncode == 0 and lines, f"the training process did not finish (exit {proc.returncode}): {proc.stderr[-800:]}"
+        _HOLES[identity] = json.loads(lines[-1])
+        assert not _HOLES[identity]["caps"].get("refused"), _HOLES[identity]["caps"]
+    return _HOLES[identity]["holes"]
+
+
+@pytest.mark.parametrize("identity", sorted(IDENTITIES))
+def test_expected_values_stay_out_of_the_sandbox_as(identity):
+    # An honest square and a completion that returns whatever answer it finds in its reach.
+    got = _holes_as(identity)["expected_values"]
+    assert got == {name: [1.0, 0.0] for name in got} and len(got) == 5, got
+
+
+@pytest.mark.parametrize("identity", sorted(IDENTITIES))
+def test_a_deeply_nested_result_fails_only_its_own_completion_as(identity):
+    got = _holes_as(identity)["deep_result"]
+    assert got["batch"] == [1.0, 0.0, 1.0], got
+    assert got["run"] == {"ok": False, "status": "exit", "error": "unreadable result"}, got
+
+
+@pytest.mark.parametrize("identity", sorted(IDENTITIES))
+def test_the_supervisor_ignores_the_jobs_signals_as(identity):
+    got = _holes_as(identity)["signals"]
+    assert got["score"] == 1.0, got
+    assert got["run"]["ok"] and got["run"]["status"] == "exit", got
+
+
+@pytest.mark.parametrize("identity", sorted(IDENTITIES))
+def test_a_setup_helper_calls_the_solution_as(identity):
+    # setup `def check(x): return solve(x) == 16801801`, test `assert check(4099)`
+    assert _holes_as(identity)["helper"] == {"honest": 1.0, "wrong": 0.0, "seeker": 0.0}
+
+
+@pytest.mark.parametrize("identity", sorted(IDENTITIES))
+def test_socket_families_are_denied_as(identity):
+    got = _holes_as(identity)["socket_families"]
+    assert isinstance(got, dict) and "AF_VSOCK" in got and set(got.values()) == {"EPERM"}, got
 
 
 def test_refuses_where_no_isolation_is_possible(tmp_path):

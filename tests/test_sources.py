@@ -361,7 +361,10 @@ def test_jsonl_torn_last_line_and_corrupt_middle_line(tmp_path):
     src = load_source(p)
     assert [s for s, _ in src.steps] == [1, 2] and any("half-written" in w for w in src.warnings)
     p.write_text('{"step": 1, "data": {}}\n{"step": 2, "da\n{"step": 3, "data": {}}\n')
-    assert_one_line_error(p, "metrics.jsonl:2")
+    src = load_source(p)  # a corrupt line in the middle costs that line alone
+    assert [s for s, _ in src.steps] == [1, 3] and src.meta["skipped"]["count"] == 1
+    assert src.meta["skipped"]["where"][0].startswith(f"{p}:2: corrupt JSON line")
+    assert any(w.startswith("skipped 1 unreadable record (the rest was read): ") and f"{p}:2:" in w for w in src.warnings)
 
 
 # ---------------------------------------------------------------------------- TensorBoard
@@ -495,18 +498,19 @@ BAD_FILES = {
     "history_entry_not_object.json": (b'{"log_history": [1, 2]}', "log_history[0]"),
     "step_not_number.json": (b'{"log_history": [{"step": "ten", "loss": 1}]}', "'ten'"),
     "step_missing.json": (b'{"log_history": [{"loss": 1}]}', "no 'step'"),
+    "step_negative.json": (b'{"log_history": [{"step": -1, "loss": 1}]}', "negative"),
     "empty_history.json": (b'{"log_history": []}', "no logged steps"),
     "only_summary.json": (b'{"log_history": [{"train_runtime": 1.0, "step": 3}]}', "no logged steps"),
     "other_json.json": (b'{\n "hello": 1\n}', "without 'log_history'"),
     "array.json": (b"[1, 2, 3]", "JSON array"),
     "nested.json": (b"[" * 100000, "JSON"),
     "csv_no_step.csv": (b"loss,entropy\n1,2\n", "step column"),
-    "csv_bad_step.csv": (b"step,loss\n1,2\nabc,3\n", "csv:3"),
+    "csv_bad_step.csv": (b"step,loss\n1,2\nabc,3\nxyz,4\n", "csv:3"),
     "csv_only_header.csv": (b"step,loss\n", "no row"),
     "jsonl_no_step.jsonl": (b'{"loss": 1}\n{"loss": 2}\n', "no line has a step"),
-    "jsonl_bad_step.jsonl": (b'{"step": 1}\n{"step": "x"}\n', ":2"),
-    "jsonl_not_object.jsonl": (b'{"step": 1}\n[1]\n', ":2"),
-    "latin1.csv": ("step,loss\n1,2\n\xe9\xe8,3\n".encode("latin-1"), "UTF-8"),
+    "jsonl_bad_step.jsonl": (b'{"step": 1}\n{"step": "x"}\n{"step": true}\n', ":2"),
+    "jsonl_not_object.jsonl": (b'{"step": 1}\n[1]\n"x"\n', ":2"),
+    "latin1.csv": ("step,loss\n1,2\n\xe9\xe8,3\n\xe9,4\n".encode("latin-1"), "UTF-8"),
     "fake.tfevents.bin": (b"\x00" * 64, "not a TensorBoard event file"),
     "plain_text.log": (b"epoch 1 loss 0.5\nepoch 2 loss 0.4\n", "not a known log format"),
 }

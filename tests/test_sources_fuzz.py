@@ -579,3 +579,227 @@ def test_one_bad_or_inserted_line_costs_that_line_alone(data):
         assert run.skipped["where"][0].startswith(f"{path}:{at + 1}: ")
         doc = run.to_dict()
         assert doc["skipped_records"]["count"] == 1 and any(f"{name}:{at + 1}:" in n for n in doc["notes"])
+
+
+# -- one bad record costs that record alone, in every format the readers take ------------------------------------
+
+N_STEPS = 8
+HUGE = "9" * 5000  # beyond Python's 4300-digit limit on int(): converting it raises
+GARBAGE = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters='\x00\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"'),
+                  min_size=1, max_size=40).filter(lambda t: t.strip() and not any(c.isdigit() for c in t))
+
+
+def _not_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return True
+    return False
+
+
+def _skipped_one(src: Source, where: str) -> None:
+    skipped = src.meta.get("skipped")
+    assert skipped is not None and skipped["count"] == 1, (src.warnings, where)
+    assert skipped["where"][0].startswith(where), (skipped["where"][0], where)
+    line = [w for w in src.warnings if w.startswith("skipped 1 unreadable record (the rest was read): ")]
+    assert len(line) == 1 and where in line[0]
+
+
+def _expect(src: Source, at: int, how: str) -> None:
+    expected = list(range(1, N_STEPS + 1))
+    if how != "insert":
+        expected.remove(at + 1)
+    assert [s for s, _ in src.steps] == expected
+    for _, m in src.steps:
+        assert set(m) >= {"loss", "reward"}
+
+
+@FUZZ
+@given(data=st.data())
+def test_jsonl_one_bad_line_costs_that_line_alone(data):
+    how = data.draw(st.sampled_from(["bool", "float", "huge", "negative", "garbage", "insert"]), label="how")
+    at = data.draw(st.integers(0, N_STEPS - (0 if how == "insert" else 1)), label="line")
+    lines = [json.dumps({"step": s, "loss": 1 / s, "reward": s / 10}) for s in range(1, N_STEPS + 1)]
+    bad = {"bool": "true", "float": f"{at + 1}.5", "huge": HUGE, "negative": f"-{at + 1}"}
+    if how in bad:
+        lines[at] = lines[at].replace(f'"step": {at + 1},', f'"step": {bad[how]},')
+    else:
+        junk = data.draw(GARBAGE.filter(_not_json), label="junk")
+        if how == "insert":
+            lines.insert(at, junk)
+        else:
+            lines[at] = junk
+    with folder() as d:
+        p = d / "metrics.jsonl"
+        p.write_text("".join(x + "\n" for x in lines))
+        src = check(p)
+        assert src is not None and src.format == "jsonl"
+        _expect(src, at, how)
+        _skipped_one(src, f"{p}:{at + 1}: ")
+
+
+@FUZZ
+@given(data=st.data())
+def test_csv_one_bad_row_costs_that_row_alone(data):
+    how = data.draw(st.sampled_from(["bool", "float", "huge", "negative", "garbage", "quote", "insert"]), label="how")
+    at = data.draw(st.integers(0, N_STEPS - (0 if how == "insert" else 1)), label="row")
+    delim = data.draw(st.sampled_from([",", "\t", ";"]), label="delim")
+    rows = [delim.join([str(s), repr(1 / s), repr(s / 10)]) for s in range(1, N_STEPS + 1)]
+    bad = {"bool": "True", "float": f"{at + 1}.5", "huge": HUGE, "negative": f"-{at + 1}"}
+    if how in bad:
+        rows[at] = delim.join([bad[how], "0.5", "0.5"])
+    elif how == "quote":  # a quote that never closes: it would take every row after it
+        rows[at] = delim.join([str(at + 1), '"0.5', "0.5"])
+    else:
+        junk = data.draw(GARBAGE, label="junk")
+        if how == "insert":
+            rows.insert(at, junk)
+        else:
+            rows[at] = junk
+    with folder() as d:
+        p = d / "history.csv"
+        p.write_text(delim.join(["step", "loss", "reward"]) + "\n" + "".join(r + "\n" for r in rows))
+        src = check(p)
+        assert src is not None and src.format == "csv"
+        _expect(src, at, how)
+        _skipped_one(src, f"{p}:{at + 2}: ")
+
+
+@FUZZ
+@given(data=st.data())
+def test_trainer_state_one_bad_entry_costs_that_entry_alone(data):
+    how = data.draw(st.sampled_from(["bool", "float", "huge", "negative", "garbage", "insert"]), label="how")
+    at = data.draw(st.integers(0, N_STEPS - (0 if how == "insert" else 1)), label="entry")
+    indent = data.draw(st.sampled_from([None, 2]), label="indent")
+    history: list = [{"loss": 1 / s, "reward": s / 10, "step": s} for s in range(1, N_STEPS + 1)]
+    bad = {"bool": True, "float": at + 1.5, "huge": "HUGE", "negative": -(at + 1)}
+    if how in bad:
+        history[at] = {**history[at], "step": bad[how]}
+    elif how == "insert":
+        history.insert(at, data.draw(st.sampled_from(["garbage", 7, None, [1]]), label="entry value"))
+    else:
+        history[at] = data.draw(st.sampled_from(["garbage", 7, None, [1], {"loss": 0.5}]), label="entry value")
+    text = json.dumps({"log_history": history, "logging_steps": 1}, indent=indent).replace('"HUGE"', HUGE)
+    line = 1 if indent is None else 3 + sum(json.dumps(e, indent=2).count("\n") + 1 for e in history[:at])
+    with folder() as d:
+        p = d / "trainer_state.json"
+        p.write_text(text)
+        src = check(p)
+        assert src is not None and src.format == "trainer_state"
+        _expect(src, at, how)
+        _skipped_one(src, f"{p}:{line}: log_history[{at}]: ")
+
+
+@FUZZ
+@given(data=st.data())
+def test_console_one_bad_line_costs_that_line_alone(data):
+    """A loop's lines, TRL's printed dicts and verl's lines: a damaged step costs its line, counted and named; a
+    line of noise in place of a step line costs that line (console output is mostly noise: not a record)."""
+    kind = data.draw(st.sampled_from(["loop", "trl", "verl"]), label="kind")
+    hows = {"loop": ["float", "huge", "negative", "garbage", "insert"], "trl": ["bool", "float", "huge", "negative",
+            "garbage", "insert"], "verl": ["huge", "negative", "garbage", "insert"]}[kind]
+    how = data.draw(st.sampled_from(hows), label="how")
+    at = data.draw(st.integers(0, N_STEPS - (0 if how == "insert" else 1)), label="line")
+
+    def line(step: str, s: int) -> str:
+        if kind == "loop":
+            return f"Step {step}/{N_STEPS} | loss: {1 / s:.4f} | reward: {s / 10:.4f}"
+        if kind == "trl":
+            return "{'loss': %r, 'reward': %r, 'step': %s, 'epoch': %r}" % (1 / s, s / 10, step, s / N_STEPS)
+        return f"step:{step} - loss:{1 / s} - reward:{s / 10}"
+
+    lines = [line(str(s), s) for s in range(1, N_STEPS + 1)]
+    bad = {"bool": "True", "float": f"{at + 1}.5", "huge": HUGE, "negative": f"-{at + 1}"}
+    if how in bad:
+        lines[at] = line(bad[how], at + 1)
+    else:
+        junk = data.draw(GARBAGE.filter(lambda t: "{" not in t and "|" not in t), label="junk")
+        if how == "insert":
+            lines.insert(at, junk)
+        else:
+            lines[at] = junk
+    with folder() as d:
+        p = d / "train.log"
+        p.write_text("".join(x + "\n" for x in lines))
+        src = check(p)
+        assert src is not None and src.format == {"loop": "console", "trl": "trl_console", "verl": "verl_console"}[kind]
+        _expect(src, at, how)
+        if how in bad:
+            _skipped_one(src, f"{p}:{at + 1}: ")
+        else:
+            assert "skipped" not in src.meta
+
+
+def _progress_table(rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{h}</th>" for h in ["Step", "Training Loss", "reward"])
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>\n" for r in rows)
+    return f'<table border="1" class="dataframe">\n<thead><tr style="text-align: left;">{head}</tr></thead>\n<tbody>\n{body}</tbody>\n</table>'
+
+
+@FUZZ
+@given(data=st.data())
+def test_notebook_one_bad_table_row_costs_that_row_alone(data):
+    how = data.draw(st.sampled_from(["bool", "float", "huge", "negative", "garbage", "insert"]), label="how")
+    at = data.draw(st.integers(0, N_STEPS - (0 if how == "insert" else 1)), label="row")
+    markup = data.draw(st.booleans(), label="markup")  # markup in a cell: the HTML parser reads the table
+    rows = [[str(s), f"{1 / s:.6f}", f"{s / 10:.6f}"] for s in range(1, N_STEPS + 1)]
+    bad = {"bool": "True", "float": f"{at + 1}.5", "huge": HUGE, "negative": f"-{at + 1}"}
+    if how in bad:
+        rows[at] = [bad[how], "0.5", "0.5"]
+    else:
+        junk = data.draw(GARBAGE.filter(lambda t: "<" not in t and "&" not in t), label="junk")
+        if how == "insert":
+            rows.insert(at, [junk])
+        else:
+            rows[at] = [junk]
+    if markup:
+        rows[-1][-1] = f"<b>{rows[-1][-1]}</b>"
+    html = _progress_table(rows)
+    doc = {"cells": [{"cell_type": "code", "source": ["trainer.train()"],
+                      "outputs": [{"output_type": "display_data", "data": {"text/html": [html]}, "metadata": {}}]}],
+           "nbformat": 4}
+    with folder() as d:
+        p = d / "train.ipynb"
+        p.write_text(json.dumps(doc))
+        src = check(p)
+        assert src is not None and src.format == "notebook"
+        _expect(src, at, how)
+        _skipped_one(src, f"{p}: cell 1, output 1, row {at + 1}: ")
+
+
+@FUZZ
+@given(rows=st.lists(st.lists(st.sampled_from(["1", "0.5", "x", "&amp;", "", " 2 ", "<b>3</b>", "a<br>b", "No log"]),
+                              min_size=1, max_size=4), max_size=5),
+       open_row=st.booleans(), sections=st.booleans(), nested=st.booleans())
+def test_plain_html_tables_read_as_the_parser_reads_them(rows, open_row, sections, nested):
+    """A million-row progress table goes through the regular-expression reader; it agrees with the HTML parser."""
+    from grpo_monitor.readers.tables import _HtmlTables, _plain_tables
+
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + ("" if open_row and k == 0 else "</tr>")
+                   for k, r in enumerate(rows))
+    if sections:
+        body = f"<thead><tr><th>Step</th></tr></thead><tbody>{body}</tbody>"
+    html = f"<p>x</p><table>{body}</table>" + ("<table><tr><td><table><tr><td>1</td></tr></table></td></tr></table>" if nested else "")
+    fast = _plain_tables(html)
+    parser = _HtmlTables()
+    parser.feed(html)
+    parser.close()
+    if fast is not None:
+        assert fast == parser.tables
+
+
+def test_a_wide_csv_and_a_long_notebook_table_are_read_whole(tmp_path):
+    """20k columns and 100k rows read whole; their speed (linear, where a list made the columns quadratic) is
+    measured by benchmarks/reader_worst_cases.py, never timed here."""
+    cols = 20_000
+    p = tmp_path / "wide.csv"
+    p.write_text("step," + ",".join(f"m{i}" for i in range(cols)) + "\n"
+                 + "".join(f"{s}," + ",".join("0.5" for _ in range(cols)) + "\n" for s in range(1, 4)))
+    src = load_source(p)
+    assert len(src.metric_names()) == cols
+    rows = [[str(s), "0.5", "0.25"] for s in range(1, 100_001)]
+    nb = tmp_path / "long.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": [], "outputs": [
+        {"output_type": "display_data", "data": {"text/html": [_progress_table(rows)]}}]}], "nbformat": 4}))
+    src = load_source(nb)
+    assert len(src.steps) == 100_000

@@ -194,6 +194,8 @@ def _record(line: bytes) -> dict[str, Any]:
         # was not written by it, and read as a step it would overwrite a real step's record.
         if plain_step(record.get("step")) is None:
             raise _NotARecord(f"{kind} record without an integer 'step' (got {_short(record.get('step'))})")
+        if kind == "step" and record["step"] < 0:  # no trainer counts below 0: read as a step it would lead the curve
+            raise _NotARecord(f"step record with a negative 'step' ({record['step']})")
         if kind == "sample":
             record["rewards"] = decode_metrics(record.get("rewards"))
         else:
@@ -291,6 +293,13 @@ def iter_records(path: Path, warnings: list[str] | None = None,
     file). A line that is not a record costs that line alone: it is skipped and counted in
     ``skipped`` with its file and line. A torn last line (no newline) is skipped and reported in
     ``warnings``. ``RunLogError`` only when the file cannot be opened."""
+    for _, record in numbered_records(path, warnings, skipped):
+        yield record
+
+
+def numbered_records(path: Path, warnings: list[str] | None = None,
+                     skipped: Skipped | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``iter_records`` with each record's line number."""
     try:
         fh = open(path, "rb", buffering=0)
     except OSError as exc:
@@ -321,7 +330,7 @@ def iter_records(path: Path, warnings: list[str] | None = None,
                     except _NotARecord as exc:  # the place is formatted only for a line that is left out
                         _skip(skipped, f"{path}:{lineno}", str(exc))
                         continue
-                    yield record
+                    yield lineno, record
         tail = lines.tail()
         if tail is not None:
             lineno, line = tail
@@ -329,7 +338,7 @@ def iter_records(path: Path, warnings: list[str] | None = None,
                 if line is None:
                     raise RunLogError("unusable")
                 if line.strip():
-                    yield parse_line(line, f"{path}:{lineno}")
+                    yield lineno, parse_line(line, f"{path}:{lineno}")
             except RunLogError:
                 if warnings is not None:
                     warnings.append(f"{path}:{lineno}: skipped a half-written last line")
@@ -432,8 +441,15 @@ def read_run(path: str | os.PathLike[str], samples: bool = True) -> RunLog:
         raise RunLogError(f"{exc.filename or p}: cannot read ({exc.strerror or exc})") from None
     log = RunLog(path=p)
     first = None
-    for record in iter_records(run_file, log.warnings, log.skipped):
+    lines: dict[int, int] = {}  # id of a step record -> its line, to name the records of a step logged twice
+    resumes: list[tuple[int, int]] = []  # (line, resumed_from_step) of each header that resumes the run
+    for lineno, record in numbered_records(run_file, log.warnings, log.skipped):
         first = first or record
+        kind = record["type"]
+        if kind == "step":
+            lines[id(record)] = lineno
+        elif kind == "header" and log.header_count and type(record.get("resumed_from_step")) is int:
+            resumes.append((lineno, record["resumed_from_step"]))
         log.add(record)
     if not log.header:
         raise RunLogError(str(no_header(run_file, first)))
@@ -455,10 +471,59 @@ def read_run(path: str | os.PathLike[str], samples: bool = True) -> RunLog:
         log.warnings.append(log.skipped.line())  # type: ignore[arg-type]
     # A run resumed from a checkpoint logs some steps again: the latest record of a step wins.
     dedup: dict[int, dict[str, Any]] = {}
+    twice: list[tuple[int, int, int]] = []  # (step, line of the record dropped, line of the one kept)
     for rec in log.steps:
+        old = dedup.get(rec["step"])
+        if old is not None:
+            twice.append((rec["step"], lines.get(id(old), 0), lines.get(id(rec), 0)))
         dedup[rec["step"]] = rec
+    if twice:
+        log.warnings.append(logged_twice_note(run_file, twice, resumes))
     log.steps = [dedup[s] for s in sorted(dedup)]
     return log
+
+
+def logged_twice_note(run_file: Path, twice: list[tuple[int, int, int]], resumes: list[tuple[int, int]]) -> str:
+    """One line naming the steps a run log holds more than one record of, and which record was kept: the later
+    one, as a run resumed from a checkpoint logs the steps after the checkpoint again and its records are the
+    ones the trainer went on from. Without a resume header between them the cause is unknown, and said so.
+
+    >>> logged_twice_note(Path("run.jsonl"), [(31, 32, 45), (32, 33, 46)], [(44, 30)])
+    'run.jsonl: steps 31-32 logged twice (lines 32-33 and 45-46; a resume from step 30 at line 44): the later records kept'
+    """
+    steps = sorted({s for s, _, _ in twice})
+    ranges = _ranges(steps)
+    shown = ", ".join(ranges[:5]) + (f" and {len(ranges) - 5} more range(s)" if len(ranges) > 5 else "")
+    what = f"step {shown}" if len(steps) == 1 else f"steps {shown}"
+    dropped = _ranges(sorted({a for _, a, _ in twice if a}))
+    kept = _ranges(sorted({b for _, _, b in twice if b}))
+    where = f"lines {', '.join(dropped[:3])} and {', '.join(kept[:3])}" if dropped and kept else ""
+    first_dropped, last_kept = min(a for _, a, _ in twice), max(b for _, _, b in twice)
+    resume = [(line, at) for line, at in resumes if first_dropped < line < last_kept]
+    if resume:
+        why = ", ".join(f"a resume from step {at} at line {line}" for line, at in resume[:3])
+        tail = "the later records kept"
+    else:
+        why = "no resume header between them"
+        tail = "the later records kept (the latest record of a step wins)"
+    inside = "; ".join(x for x in (where, why) if x)
+    return f"{run_file}: {what} logged {'twice' if len(twice) == len(steps) else 'more than once'} ({inside}): {tail}"
+
+
+def _ranges(numbers: list[int]) -> list[str]:
+    """Sorted distinct integers as ``a-b`` runs of consecutive ones."""
+    out: list[str] = []
+    start = prev = None
+    for n in numbers:
+        if prev is not None and n == prev + 1:
+            prev = n
+            continue
+        if start is not None:
+            out.append(f"{start}-{prev}" if prev != start else f"{start}")
+        start = prev = n
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return out
 
 
 def steps_frame(steps: Iterable[tuple[int, Mapping[str, float | None]]]):

@@ -14,7 +14,7 @@ from grpo_monitor.detectors.base import RunContext
 from grpo_monitor.detectors.signals import reward_roles
 from grpo_monitor.core.metrics import normalize, normalize_metrics, reward_components
 from grpo_monitor.detectors.numbers import to_number
-from grpo_monitor.core.runlog import plain_step
+from grpo_monitor.core.runlog import Skipped, plain_step
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -123,6 +123,110 @@ def as_step(value: Any) -> int | None:
             x = to_number(text)
             return as_step(x) if x is not None else None
     return None
+
+
+def step_fault(value: Any) -> str | None:
+    """Why a record's step value is no step (None when ``as_step`` reads it and it is not negative): said
+    the way the skipped record is reported.
+
+    >>> [step_fault(v) for v in (3, "4", 2.0, True, 31.5, -1, "abc", 10**30, float("nan"))]
+    [None, None, None, 'true is not a number', '31.5 is not an integer', '-1 is negative', "'abc' is not a number", '1000000000000000000000000000000 is beyond the 64-bit range', 'NaN is not an integer']
+    """
+    step = as_step(value)
+    if step is not None:
+        return f"{step} is negative" if step < 0 else None
+    if isinstance(value, bool) or value is None:
+        return f"{str(value).lower() if value is not None else 'null'} is not a number"
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > 40 and text.lstrip("+-").isdigit():
+            return f"a number of {len(text.lstrip('+-')):,} digits is beyond the 64-bit range"
+        x = to_number(text)
+        if x is None:
+            return f"{_shown(value)} is not a number"
+        value = x
+    if isinstance(value, int) or isinstance(value, HugeNumber):
+        return f"{_shown(value)} is beyond the 64-bit range"
+    if isinstance(value, float):
+        if value != value:
+            return "NaN is not an integer"
+        if value in (float("inf"), float("-inf")) or abs(value) >= _TWO63:
+            return f"{_shown(value)} is beyond the 64-bit range"
+        return f"{_shown(value)} is not an integer"
+    return f"a {type(value).__name__} is not a number"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, HugeNumber):
+        text = repr(value)
+    elif isinstance(value, float):
+        text = "Infinity" if value == float("inf") else "-Infinity" if value == float("-inf") else repr(value)
+    elif isinstance(value, int):
+        digits = len(str(abs(value))) if value.bit_length() < 13000 else None
+        text = str(value) if digits is not None and digits <= 40 else "a number of many digits"
+    else:
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def usable_step(value: Any) -> int | None:
+    """``as_step`` without negative steps: no trainer counts below 0, and a record that says so is a bad one."""
+    step = as_step(value)
+    return step if step is not None and step >= 0 else None
+
+
+def note_skipped(src: Source, skipped: Skipped) -> None:
+    """The source's warning line (and ``meta["skipped"]``) for the records a reader left out, each alone."""
+    if skipped.count:
+        src.warnings.append(skipped.line())  # type: ignore[arg-type]
+        src.meta["skipped"] = skipped.to_dict()
+
+
+def refuse_if_mostly_skipped(path: Path, skipped: Skipped, read: int, what: str) -> None:
+    """A file with more unreadable records than readable ones is not a log with a bad record but something
+    else (noise after one good line, another format): refused, naming the first fault."""
+    if skipped.count and skipped.count > read:
+        first = skipped.where[0] if skipped.where else ""
+        raise SourceError(path, f"{skipped.count} of {skipped.count + read} {what} unreadable, more than were read "
+                                f"(the first: {first})")
+
+
+_MAX_DIGITS = 4000  # under Python's 4300-digit limit on int(): the standard JSON parser raises beyond it
+
+
+class HugeNumber(float):
+    """An integer literal too long to convert, read as the infinity of its sign; ``digits`` says how long."""
+
+    digits = 0
+
+    def __repr__(self) -> str:
+        return f"a number of {self.digits:,} digits"
+
+
+def _bounded_int(text: str) -> int | float:
+    if len(text) <= _MAX_DIGITS:
+        return int(text)
+    out = HugeNumber("-inf" if text.startswith("-") else "inf")
+    out.digits = len(text.lstrip("-"))
+    return out
+
+
+def loads_lenient(data: bytes | str) -> Any:
+    """A JSON value where an integer literal of thousands of digits (no log writes one, a damaged or hostile
+    one may) reads as an infinity instead of refusing the whole text: a step that large is then a bad record's
+    step, and a metric that large is beyond float range anyway."""
+    import json
+
+    from grpo_monitor.core.jsonparse import loads
+
+    try:
+        return loads(data)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:
+        if "digits" not in str(exc):
+            raise
+        return json.loads(data, parse_int=_bounded_int)
 
 
 class StepTable:
@@ -415,6 +519,9 @@ class Probe:
         if b"\x00" in head:
             return "binary"
         start = self.start
+        if (self.first_record is None and not (start[:1] == b"[" and _json_array_start(start))
+                and _json_lines_follow(start)):
+            return "lines"  # JSON lines whose first line is damaged: that line is one bad record, not the format
         if start[:1] == b"{":
             first = self.first_record
             if first is None:
@@ -439,6 +546,23 @@ class Probe:
 
 
 _UNSET = object()
+
+
+def _json_lines_follow(start: bytes, n: int = 5) -> bool:
+    """The lines after the first (up to ``n`` of them, at least two) are each a JSON object: a pretty-printed
+    document's lines never are (``"key": value,``), nor a console log's printed Python dicts."""
+    lines = start.split(b"\n")[1:-1]  # the last may be cut by the sniff window
+    seen = 0
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        if line[:1] != b"{" or not isinstance(first_json_line(line), dict):
+            return False
+        seen += 1
+        if seen >= n:
+            break
+    return seen >= 2
 
 
 def _json_array_start(text: bytes) -> bool:
@@ -482,14 +606,16 @@ def parse_json(path: Path, data: bytes) -> Any:
     """A whole JSON document; a one-line ``SourceError`` naming where it breaks."""
     import json
 
-    from grpo_monitor.core.jsonparse import loads
-
+    try:  # the bytes as they are: a decoded copy of a 200 MB notebook would double the peak memory of the read
+        return loads_lenient(data[3:] if data.startswith(b"\xef\xbb\xbf") else data)
+    except (ValueError, RecursionError):
+        pass  # parsed again below, for the message that says where and why
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise SourceError(path, f"not UTF-8 text (bad byte at offset {exc.start})") from None
     try:
-        return loads(text)
+        return loads_lenient(text)
     except json.JSONDecodeError as exc:
         what = "truncated JSON" if exc.pos >= len(text.rstrip()) else "invalid JSON"
         raise SourceError(path, f"{what} at line {exc.lineno} column {exc.colno} ({exc.msg})") from None

@@ -30,6 +30,7 @@ from typing import Any
 
 from grpo_monitor.core.jsonparse import loads
 from grpo_monitor.core.metrics import SUMMARY_KEYS
+from grpo_monitor.core.runlog import Skipped
 from grpo_monitor.detectors.numbers import to_number
 from grpo_monitor.readers._base import (
     STEP_FIELDS,
@@ -43,6 +44,10 @@ from grpo_monitor.readers._base import (
     decode_text,
     finish,
     guess_context,
+    loads_lenient,
+    note_skipped,
+    step_fault,
+    usable_step,
 )
 from grpo_monitor.readers.verl_config import group_of_one_note, verl_config
 
@@ -55,7 +60,7 @@ _TQDM = re.compile(r"%\|[^|\r\n]{0,200}\|\s*(\d+)/(\d+)\s*\[")
 _LOGGING_STEPS = re.compile(r"""logging[_-]steps['"]?\s*[=:]?\s*['"]?(\d+(?:\.\d+)?)""")
 _TOTAL_STEPS = re.compile(r"Total (?:optimization )?steps\s*=\s*([\d,]+)")
 _NUM_EPOCHS = re.compile(r"Num (?:train )?epochs\s*=\s*([\d,]+)", re.IGNORECASE)
-_VERL_LINE = re.compile(r"(?:^|[\s)\]])step:(\d+) - ([^\r\n]*)")
+_VERL_LINE = re.compile(r"(?:^|[\s)\]])step:(-?\d+) - ([^\r\n]*)")
 _VERL_SNIFF = re.compile(r"(?:^|[\s)\]])step:\d+ - [^\s:]+:")
 _NP_SCALAR = re.compile(r"\b(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\(([^()]*)\)")
 _TENSOR = re.compile(r"\btensor\(([^(),]*)(?:,[^()]*)?\)")
@@ -81,6 +86,58 @@ def strip_ansi(text: str) -> str:
         i = text.find("\x1b", last)
     out.append(text[last:])
     return "".join(out)
+
+
+_LINE = re.compile(r"[^\r\n]+")
+_TOO_LONG = 2**64  # stands for a counter of more digits than any 64-bit step: int() of thousands of them raises
+
+
+def _count(digits: str) -> int:
+    """A printed counter as an integer; one of more digits than any step stands in as ``_TOO_LONG`` (converting
+    thousands of digits raises, and is slow), keeping its sign and its digit count for the message; a
+    fraction (``Step 1.5/30``) as ``_Fraction``, which no step is."""
+    if "." in digits:
+        out = _Fraction(-1)
+        out.text = digits
+        return out
+    if len(digits) <= 40:
+        return int(digits)
+    out = _Long(-_TOO_LONG if digits.startswith("-") else _TOO_LONG)
+    out.digits = len(digits.lstrip("-+"))
+    return out
+
+
+class _Long(int):
+    digits = 0
+
+
+class _Fraction(int):
+    text = ""
+
+
+def _shown_count(n: int) -> str:
+    if isinstance(n, _Fraction):
+        return f"{n.text} is not an integer"
+    if isinstance(n, _Long):
+        return f"of {n.digits:,} digits is beyond the 64-bit range"
+    return f"{n} is negative" if n < 0 else f"{n} is beyond the 64-bit range"
+
+
+class LineNumbers:
+    """The line of a position in ``text``, for positions asked in increasing order (the skipped lines of one
+    pass): each newline is counted once, however many are asked."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+        self.line = 1
+
+    def __call__(self, pos: int) -> int:
+        if pos < self.pos:
+            self.pos, self.line = 0, 1
+        self.line += self.text.count("\n", self.pos, pos)
+        self.pos = pos
+        return self.line
 
 
 def sniff(text: str) -> str | None:
@@ -153,7 +210,7 @@ def _parse_dict(span: str) -> dict[str, Any] | None:
         span = strip_ansi(span)
     if '"' not in span and "\\" not in span:
         try:
-            obj = loads(_plain_to_json(span))
+            obj = loads_lenient(_plain_to_json(span))  # a step of thousands of digits stays, to be named
             if isinstance(obj, dict):
                 return obj
         except (ValueError, RecursionError):
@@ -298,9 +355,16 @@ def steps_from_dicts(path: Path, fmt: str, found: Found, text: str, logging_step
             evals.append((pos, len(train), d))
     if not train:
         raise SourceError(path, "the log's dicts hold only a run summary or evaluations, no logged training step")
-    own = [as_step(_step_of(d)) for _, d in train] if _step_of(train[0][1]) is not None else [None]
-    if all(s is not None for s in own):
-        steps: list[int] = own  # type: ignore[assignment]
+    fields = [_step_of(d) for _, d in train] if _step_of(train[0][1]) is not None else [None]
+    own = [usable_step(v) for v in fields]
+    skipped = Skipped()
+    if all(v is not None for v in fields) and any(s is not None for s in own):
+        # Every dict states its step: one whose step is no step (true, 3.5, -1) is a bad record, left out alone.
+        lines_of = LineNumbers(text)
+        for k, (step, value) in enumerate(zip(own, fields)):
+            if step is None:
+                skipped.add(f"{path}:{lines_of(train[k][0])}: a logged dict whose step is no step ({step_fault(value)})")
+        steps: list[int | None] = own
         src.meta["steps_from"] = "the step field of each logged dict"
     else:
         L, how, first = _logging_steps(text, [p for p, _ in train], [d for _, d in train], src.meta.get("summary"),
@@ -315,12 +379,18 @@ def steps_from_dicts(path: Path, fmt: str, found: Found, text: str, logging_step
     table = StepTable()
     norm = Normalizer(drop=SUMMARY_KEYS, owned=True)  # the parsed dicts are ours to keep
     for step, (_, d) in zip(steps, train):
-        table.add(step, norm(d))
+        if step is not None:
+            table.add(step, norm(d))
     for _, idx, d in evals:
-        at = as_step(_step_of(d))
-        if at is None:
-            at = steps[idx - 1] if idx > 0 else steps[0]
-        table.add(at, norm(d))
+        at = usable_step(_step_of(d))
+        if at is None:  # the train dict before it (the first, for one before any), passing over skipped ones
+            k = idx - 1 if idx > 0 else 0
+            while k > 0 and steps[k] is None:
+                k -= 1
+            at = steps[k] if steps[k] is not None else next((s for s in steps if s is not None), None)
+        if at is not None:
+            table.add(at, norm(d))
+    note_skipped(src, skipped)
     finish(src, table, "dicts")
     L = src.meta.get("logging_steps")
     src.context = guess_context(src.metric_names(), L, [s for s, _ in src.steps])
@@ -400,6 +470,8 @@ def _printed_logging_steps(text: str, before: int, total: int | None) -> int | N
     if value is None:
         return None
     x = float(value)
+    if not math.isfinite(x):
+        return None
     if 0 < x < 1:  # transformers reads a fraction as a share of max_steps
         return math.ceil(total * x) if total else None
     n = int(x) if x == int(x) else None
@@ -408,7 +480,7 @@ def _printed_logging_steps(text: str, before: int, total: int | None) -> int | N
 
 def _bars(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, int, int]]:
     """``(position, count, total)`` of every tqdm update."""
-    return [(m.start(), int(m.group(1)), int(m.group(2)))
+    return [(m.start(), _count(m.group(1)), _count(m.group(2)))
             for m in _TQDM.finditer(text, start, len(text) if end is None else end)]
 
 
@@ -504,11 +576,12 @@ def read_verl(path: Path, text: str) -> Source:
     src = Source(path=path, format="verl_console")
     table = StepTable()
     norm = Normalizer(drop=SUMMARY_KEYS)
-    bad = 0
+    skipped = Skipped()
+    lines_of = LineNumbers(text)
     for m in _VERL_LINE.finditer(text):
-        step = as_step(m.group(1))
+        step = usable_step(m.group(1))
         if step is None:
-            bad += 1
+            skipped.add(f"{path}:{lines_of(m.start(1))}: step:{_shown_count(_count(m.group(1)))}")
             continue
         metrics: dict[str, Any] = {}
         for part in m.group(2).split(" - "):
@@ -519,9 +592,9 @@ def read_verl(path: Path, text: str) -> Source:
             metrics[key] = _verl_value(value.strip())
         table.add(step, norm(metrics))
     if not len(table):
-        raise SourceError(path, "no verl 'step:N - key:value' line with a step in range")
-    if bad:
-        src.warnings.append(f"{path}: skipped {bad} line(s) whose step is beyond the 64-bit range")
+        raise SourceError(path, "no verl 'step:N - key:value' line with a step in range"
+                          + (f" ({skipped.where[0]})" if skipped.where else ""))
+    note_skipped(src, skipped)
     finish(src, table, "lines")
     src.context = guess_context(src.metric_names(), None, [s for s, _ in src.steps])
     config, model, estimator = verl_config(text)
@@ -551,7 +624,8 @@ def _verl_value(value: str) -> Any:
 
 _COUNTER = re.compile(
     r"(?P<epoch>\bepoch\W{0,3})?"
-    r"(?:(?P<word>\b(?:global[_ ]?)?(?:step|iter(?:ation)?|it|update|batch)\b\s*[:=#]?\s*)(?P<n1>\d+)(?:\s*/\s*(?P<m1>\d+))?"
+    r"(?:(?P<word>\b(?:global[_ ]?)?(?:step|iter(?:ation)?|it|update|batch)\b\s*[:=#]?\s*)(?P<n1>(?:(?<=[\s:=#])-)?\d+(?:\.\d+(?=\s*/\s*\d))?)"
+    r"(?:\s*/\s*(?P<m1>\d+))?"
     r"|\((?P<n2>\d+)\s*/\s*(?P<m2>\d+)\)|\[(?P<n3>\d+)\s*/\s*(?P<m3>\d+)\])",
     re.IGNORECASE,
 )
@@ -574,7 +648,7 @@ def _counter(line: str) -> re.Match[str] | None:
 
     def total(m: re.Match[str]) -> int:
         t = m.group("m1") or m.group("m2") or m.group("m3")
-        return int(t) if t else 0
+        return _count(t) if t else 0
 
     return max(found, key=lambda m: (total(m), -m.start()))
 
@@ -601,12 +675,16 @@ def _metric_pairs(text: str) -> dict[str, float]:
 def _step_lines(text: str, limit: int | None = None,
                 loose: list[tuple[int, dict[str, float]]] | None = None,
                 where: list[int] | None = None,
-                ) -> list[tuple[tuple[Any, ...], int, int | None, int | None, dict[str, float]]]:
-    """``(family, n, total, epoch, metrics)`` of every line with a step counter and a number pair; with
+                ) -> list[tuple[tuple[Any, ...], int, int | None, int | None, dict[str, float], int]]:
+    """``(family, n, total, epoch, metrics, offset)`` of every line with a step counter and a number pair
+    (``offset``: where the line starts in ``text``); with
     ``loose``, the lines that print metrics alone (``Average Reward: 0.71`` between the step lines) go there as
     ``(line number, metrics)``, and each step line's number goes to ``where``."""
     out = []
-    for lineno, line in enumerate(re.split(r"[\r\n]+", text)):
+    # The pieces ``re.split(r"[\r\n]+", text)`` gives, numbered as it numbers them, with where each starts.
+    lead = 1 if text[:1] in ("\r", "\n") else 0
+    for lineno, m in enumerate(_LINE.finditer(text), lead):
+        line = m.group()
         if "\x1b" in line:
             line = strip_ansi(line)
         if len(line) > 20000 or not any(c.isdigit() for c in line):
@@ -618,9 +696,9 @@ def _step_lines(text: str, limit: int | None = None,
                 if found:
                     loose.append((lineno, found))
             continue
-        n = int(counter.group("n1") or counter.group("n2") or counter.group("n3"))
+        n = _count(counter.group("n1") or counter.group("n2") or counter.group("n3"))
         total_s = counter.group("m1") or counter.group("m2") or counter.group("m3")
-        total = int(total_s) if total_s else None
+        total = _count(total_s) if total_s else None
         rest = line[: counter.start()] + " " + line[counter.end():]
         metrics: dict[str, float] = {}
         for pm in _PAIR.finditer(rest):
@@ -637,11 +715,11 @@ def _step_lines(text: str, limit: int | None = None,
         if not metrics:
             continue
         em = _EPOCH.search(line)
-        epoch = int(em.group(1)) if em else None
+        epoch = _count(em.group(1)) if em else None
         kind = "word" if counter.group("word") else ("paren" if counter.group("n2") else "bracket")
         word = (counter.group("word") or "").strip(" :=#").lower()
         family = (kind, word, total, tuple(sorted(metrics)))
-        out.append((family, n, total, epoch, metrics))
+        out.append((family, n, total, epoch, metrics, m.start()))
         if where is not None:
             where.append(lineno)
         if limit and len(out) >= limit:
@@ -657,7 +735,7 @@ def _attach_loose(lines: list[Any], at: list[int], loose: list[tuple[int, dict[s
     joined and which way."""
     if not loose or not lines:
         return 0, ""
-    own = {k for *_, m in lines for k in m}
+    own = {k for line in lines for k in line[4]}
     loose = [(i, {k: v for k, v in m.items() if k not in own}) for i, m in loose]
     loose = [(i, m) for i, m in loose if m and at[0] - 2 * (at[-1] - at[0]) // max(1, len(at)) <= i]
     if not (0.5 * len(lines) <= len(loose) <= 1.5 * len(lines)):
@@ -697,13 +775,17 @@ def read_step_lines(path: Path, text: str, logging_steps: int | None = None) -> 
     table = StepTable()
     norm = Normalizer(drop=SUMMARY_KEYS)
     total = loop[2]
-    epochs = [e for _, _, _, e, _ in chosen if e is not None]
+    epochs = [e for _, _, _, e, _, _ in chosen if e is not None]
     base = min(epochs) if epochs else None
     offset = 0
-    beyond = 0
+    skipped = Skipped()
+    lines_of = LineNumbers(text)
     last_n: int | None = None
     last_epoch: int | None = None
-    for _, n, _, epoch, metrics in chosen:
+    for _, n, _, epoch, metrics, at in chosen:
+        if as_step(n) is None or n < 0:  # a damaged counter: no step to place the line at
+            skipped.add(f"{path}:{lines_of(at)}: step counter {_shown_count(n)}")
+            continue
         if epoch is not None and total and base is not None:
             step = (epoch - base) * total + n
         else:
@@ -711,14 +793,13 @@ def read_step_lines(path: Path, text: str, logging_steps: int | None = None) -> 
                 offset += last_n  # the counter restarts each epoch
             step = offset + n
         last_n, last_epoch = n, epoch
-        if as_step(step) is None:
-            beyond += 1
+        if as_step(step) is None or step < 0:
+            skipped.add(f"{path}:{lines_of(at)}: step {_shown_count(step)} (epoch {epoch} of {total}-step epochs)")
             continue
         table.add(step, norm(metrics))
     if not len(table):
-        raise SourceError(path, "no step counter line with a step within the 64-bit range")
-    if beyond:
-        src.warnings.append(f"{path}: skipped {beyond} line(s) whose step is beyond the 64-bit range")
+        raise SourceError(path, "no step counter line with a usable step" + (f" ({skipped.where[0]})" if skipped.where else ""))
+    note_skipped(src, skipped)
     if other:
         src.warnings.append(
             f"{path}: read the {len(chosen)} lines of the most frequent step counter; "
@@ -766,7 +847,7 @@ def _metric_blocks(text: str, enough: int | None = None) -> list[tuple[int | Non
             m = next((c for c in _COUNTER.finditer(line) if not c.group("epoch")), None)
             if m is not None and _FILLER.match(line[: m.start()] + line[m.end():]):
                 flush()
-                pending = int(m.group("n1") or m.group("n2") or m.group("n3"))
+                pending = _count(m.group("n1") or m.group("n2") or m.group("n3"))
             continue
         if not _FILLER.match(_LEVEL.sub("", _PAIR.sub(" ", line).lstrip())):
             continue  # prose with a number in it, not a metrics line
@@ -809,9 +890,13 @@ def _read_blocks(path: Path, blocks: list[tuple[int | None, dict[str, float]]], 
                             f"logging_steps={L} ({how})")
     table = StepTable()
     norm = Normalizer(drop=SUMMARY_KEYS)
-    for step, (_, metrics) in zip(steps, chosen):
-        if as_step(step) is not None:
+    skipped = Skipped()
+    for k, (step, (_, metrics)) in enumerate(zip(steps, chosen)):
+        if usable_step(step) is not None:
             table.add(step, norm(metrics))
+        else:
+            skipped.add(f"{path}: printed record {k + 1}: step counter {_shown_count(step)}")
+    note_skipped(src, skipped)
     if len(chosen) < len(blocks):
         src.warnings.append(f"{path}: read the {len(chosen)} records printing {', '.join(keys)}; "
                             f"{len(blocks) - len(chosen)} other record(s) left out")

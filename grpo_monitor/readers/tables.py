@@ -15,10 +15,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
 from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize
+from grpo_monitor.core.runlog import Skipped
 from grpo_monitor.detectors.numbers import to_number
 from grpo_monitor.readers._base import (
     Normalizer,
@@ -30,7 +32,10 @@ from grpo_monitor.readers._base import (
     as_step,
     finish,
     guess_context,
+    note_skipped,
     step_column,
+    step_fault,
+    usable_step,
 )
 
 STEP_NAMES = "step, global_step, iteration, iter, update, _step"
@@ -47,6 +52,7 @@ class Table:
     kind: str  # "HTML table", "markdown table", "aligned columns"
     where: str
     order: int = 0  # position among the tables of one document
+    lines: list[int] | None = None  # the line each row is on, where the table is a text's lines
 
     @property
     def step_col(self) -> int | None:
@@ -72,6 +78,10 @@ def _number(cell: str) -> bool:
 
 
 def _cell(cell: str) -> float | None:
+    try:  # the common cell, a plain number; no gap word or percentage is one float() reads
+        return float(cell)
+    except ValueError:
+        pass
     text = cell.strip()
     if text.lower() in _GAPS:
         return None
@@ -135,15 +145,54 @@ class _HtmlTables(HTMLParser):
         self._row = None
 
 
+_TABLE = re.compile(r"(?is)<table\b[^>]*>(.*?)</table\s*>")
+_TABLE_OPEN = re.compile(r"(?i)<table\b")
+_SECTION = re.compile(r"(?i)</?(?:thead|tbody|tfoot)\b[^<>]*>")
+_ROW_OPEN = re.compile(r"(?i)<tr\b[^<>]*>")
+_CELL = re.compile(r"(?i)<t[dh]\b[^<>]*>([^<]*)</t[dh]\s*>")
+_ROW_END = re.compile(r"(?i)</tr\s*>\s*(?:</?(?:thead|tbody|tfoot)\b[^<>]*>\s*)*$")
+
+
+def _plain_tables(html: str) -> list[list[list[str]]] | None:
+    """The tables of ``html`` when each is plain (rows of ``<td>``/``<th>`` cells holding text alone, as the
+    transformers progress table is): a few regular-expression passes instead of a Python call per tag, which a
+    million-row table needs. None for anything else, which the HTML parser reads; both agree where both apply."""
+    found = list(_TABLE.finditer(html))
+    if len(found) != len(_TABLE_OPEN.findall(html)):
+        return None  # a nested or unclosed table
+    tables = []
+    for m in found:
+        # Row by row, each row's text a slice of its own: no copy of the whole table is made.
+        starts = [r.span() for r in _ROW_OPEN.finditer(html, m.start(1), m.end(1))]
+        if _SECTION.sub("", html[m.start(1):starts[0][0] if starts else m.end(1)]).strip():
+            return None
+        rows = []
+        for k, (_, body) in enumerate(starts):
+            chunk = html[body:starts[k + 1][0] if k + 1 < len(starts) else m.end(1)]
+            cells = _CELL.findall(chunk)
+            tags = chunk.count("<")
+            if tags != 2 * len(cells) + 1:
+                tags -= len(_SECTION.findall(chunk))  # </tbody> after the last row, <tbody> before the first
+            if tags != 2 * len(cells) + 1 or not _ROW_END.search(chunk):
+                return None  # markup inside a cell, a row left open: the parser decides
+            if cells:
+                rows.append([" ".join((unescape(c) if "&" in c else c).split()) for c in cells])
+        tables.append(rows)
+    return tables
+
+
 def html_tables(html: str, where: str, order: int = 0) -> list[Table]:
     """The tables of an HTML text; the first row is the header."""
-    parser = _HtmlTables()
-    parser.feed(html)
-    parser.close()
+    tables = _plain_tables(html)
+    if tables is None:
+        parser = _HtmlTables()
+        parser.feed(html)
+        parser.close()
+        tables = parser.tables
     out = []
-    for i, rows in enumerate(parser.tables):
+    for i, rows in enumerate(tables):
         if len(rows) >= 2:
-            name = where if len(parser.tables) == 1 else f"{where}, table {i + 1}"
+            name = where if len(tables) == 1 else f"{where}, table {i + 1}"
             out.append(Table(rows[0], rows[1:], "HTML table", name, order + len(out)))
     return out
 
@@ -168,7 +217,7 @@ def text_tables(text: str, where: str = "the text", order: int = 0) -> list[Tabl
     found.extend((offsets[i], t) for i, t in _pipe_tables(lines, where))
     found.extend((offsets[i], t) for i, t in _aligned_tables(lines, where))
     found.sort(key=lambda x: x[0])
-    return [Table(t.header, t.rows, t.kind, t.where, order + k) for k, (_, t) in enumerate(found)]
+    return [Table(t.header, t.rows, t.kind, t.where, order + k, t.lines) for k, (_, t) in enumerate(found)]
 
 
 def _pipe_tables(lines: Sequence[str], where: str) -> Iterable[tuple[int, Table]]:
@@ -177,16 +226,17 @@ def _pipe_tables(lines: Sequence[str], where: str) -> Iterable[tuple[int, Table]
         if "|" not in lines[i].translate(_PIPES) or len(lines[i]) > _MAX_LINE:
             i += 1
             continue
-        start, rows = i, []
+        start, rows, row_lines = i, [], []
         while i < len(lines) and len(lines[i]) <= _MAX_LINE and (
                 "|" in (line := lines[i].translate(_PIPES)) or (rows and _RULE.match(line) and line.strip())):
             if not _RULE.match(line):
                 cells = [c.strip() for c in line.strip().strip("|").split("|")]
                 if len(cells) >= 2:
                     rows.append(cells)
+                    row_lines.append(i + 1)
             i += 1
         if len(rows) >= 3 and all(len(r) == len(rows[0]) for r in rows[1:]):
-            yield start, Table(rows[0], rows[1:], "markdown table", f"{where}, line {start + 1}")
+            yield start, Table(rows[0], rows[1:], "markdown table", f"{where}, line {start + 1}", lines=row_lines[1:])
 
 
 def _aligned_tables(lines: Sequence[str], where: str) -> Iterable[tuple[int, Table]]:
@@ -210,7 +260,8 @@ def _aligned_tables(lines: Sequence[str], where: str) -> Iterable[tuple[int, Tab
             rows.append(cells[-len(header):])  # a pandas frame's own index leads each row
             j += 1
         if len(rows) >= 2:
-            yield i, Table(header, rows, "aligned columns", f"{where}, line {i + 1}")
+            yield i, Table(header, rows, "aligned columns", f"{where}, line {i + 1}",
+                           lines=list(range(i + 2, i + 2 + len(rows))))
             i = j
         else:
             i += 1
@@ -270,13 +321,18 @@ def table_source(path: Path, table: Table, notes: Sequence[str] = (), found: int
     header = table.header
     steps = StepTable()
     norm = Normalizer(drop=SUMMARY_KEYS)
-    skipped = 0
-    for row in table.rows:
-        step = as_step(row[col].strip()) if len(row) == len(header) else None
+    skipped = Skipped()
+    width = len(header)
+    names = [(i, h) for i, h in enumerate(header) if i != col and h]
+    for r, row in enumerate(table.rows):
+        step = usable_step(row[col].strip()) if len(row) == width else None
         if step is None:
-            skipped += 1
+            at = f"{path}:{table.lines[r]}" if table.lines else f"{path}: {table.where}, row {r + 1}"
+            why = (f"{len(row)} cell(s) where the header has {width}" if len(row) != width
+                   else f"step cell {row[col].strip()[:40]!r} is no step ({step_fault(row[col].strip())})")
+            skipped.add(f"{at}: {why}")
             continue
-        steps.add(step, norm({h: _cell(c) for i, (h, c) in enumerate(zip(header, row)) if i != col and h}))
+        steps.add(step, norm({h: _cell(row[i]) for i, h in names}))
     if not len(steps):
         raise SourceError(path, f"{table.describe()}: no row with an integer step")
     finish(src, steps, "rows")
@@ -289,8 +345,7 @@ def table_source(path: Path, table: Table, notes: Sequence[str] = (), found: int
         src.meta["tables_found"] = found
         src.warnings.append(f"{path}: {found} tables with a step column; read {table.describe()}"
                             + "".join(f"; {n}" for n in notes))
-    if skipped:
-        src.warnings.append(f"{path}: skipped {skipped} row(s) of {table.describe()} without an integer step")
+    note_skipped(src, skipped)
     return src
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from itertools import accumulate
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import numpy as np
 
 from grpo_monitor.core.jsonparse import loads
 from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize
+from grpo_monitor.core.runlog import Skipped
 from grpo_monitor.readers._base import (
     COUNTER_NAME,
     STEP_FIELDS,
@@ -22,12 +24,16 @@ from grpo_monitor.readers._base import (
     Source,
     SourceError,
     StepTable,
-    as_step,
     decode_head,
     finish,
     guess_context,
+    loads_lenient,
+    note_skipped,
     plan_names,
+    refuse_if_mostly_skipped,
+    step_fault,
     step_rank,
+    usable_step,
 )
 
 NESTED_FIELDS = ("data", "metrics")
@@ -48,15 +54,16 @@ def _lines(path: Path) -> tuple[list[bytes], bytes]:
 def read_jsonl(path: Path) -> Source:
     """One JSON object per line, each with a step field at the top level or inside ``data``/``metrics``.
 
-    A half-written last line is skipped with a warning; any other corrupt line is an error that
-    names the file and line.
+    A half-written last line is skipped with a warning; any other bad line (not JSON, not an object, a step
+    that is no step) costs that line alone: it is skipped and named (``Skipped``), the rest is read.
     """
     lines, torn = _lines(path)
     src = Source(path=path, format="jsonl")
-    records = _parse_all(path, lines)
+    skipped = Skipped()
+    records = _parse_all(path, lines, skipped)
     if torn.strip():
         try:
-            records.append((len(lines) + 1, loads(torn)))
+            records.append((len(lines) + 1, loads_lenient(torn)))
         except (ValueError, RecursionError):
             src.warnings.append(f"{path}:{len(lines) + 1}: skipped a half-written last line")
     table = StepTable()
@@ -66,7 +73,8 @@ def read_jsonl(path: Path) -> Source:
     shapes: dict[tuple[Any, ...], str | None] = {}
     for lineno, rec in records:
         if not isinstance(rec, dict):
-            raise SourceError(path, f"expected a JSON object per line, got {type(rec).__name__}", lineno)
+            skipped.add(f"{path}:{lineno}: a JSON {_json_kind(rec)}, not an object")
+            continue
         keys = tuple(rec)
         nested = shapes.get(keys, False)
         if nested is False:
@@ -82,17 +90,20 @@ def read_jsonl(path: Path) -> Source:
         if key is None:
             no_step += 1
             continue
-        step = as_step(value)
+        step = usable_step(value)
         if step is None:
-            raise SourceError(path, f"'{key}' is {_short(value)}, expected an integer step", lineno)
+            skipped.add(f"{path}:{lineno}: '{key}' is no step ({step_fault(value)})")
+            continue
         if held_out_record(rec):
             metrics_of = _as_held_out(metrics_of)
             held_out += 1
         elif key not in STEP_FIELDS:
             metrics_of = {k: v for k, v in metrics_of.items() if k != key}
         table.add(step, norm(metrics_of))
+    refuse_if_mostly_skipped(path, skipped, len(table), "lines")
     if not len(table):
         raise SourceError(path, f"no line has a step field ({', '.join(STEP_FIELDS)})")
+    note_skipped(src, skipped)
     if no_step:
         src.warnings.append(f"{path}: skipped {no_step} line(s) without a step field")
     if held_out:
@@ -104,7 +115,7 @@ def read_jsonl(path: Path) -> Source:
     return src
 
 
-def _parse_all(path: Path, lines: list[bytes]) -> list[tuple[int, Any]]:
+def _parse_all(path: Path, lines: list[bytes], skipped: Skipped) -> list[tuple[int, Any]]:
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -112,9 +123,19 @@ def _parse_all(path: Path, lines: list[bytes]) -> list[tuple[int, Any]]:
         try:
             out.append((i, loads(line)))
         except (ValueError, RecursionError) as exc:
+            if type(exc) is ValueError:  # an integer of thousands of digits, not broken JSON: the step decides
+                try:
+                    out.append((i, loads_lenient(line)))
+                    continue
+                except (ValueError, RecursionError):
+                    pass
             msg = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.__class__.__name__
-            raise SourceError(path, f"corrupt JSON line ({msg})", i) from None
+            skipped.add(f"{path}:{i}: corrupt JSON line ({msg})")
     return out
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
 def _only_nested(keys: tuple[Any, ...]) -> str | None:
@@ -207,24 +228,34 @@ def read_csv(path: Path) -> Source:
 
     W&B exports are understood: ``_``-prefixed bookkeeping columns are dropped, and a panel
     export's ``<run> - <metric>`` columns lose the run prefix and their ``__MIN``/``__MAX`` twins.
+    A bad row (a step cell that is no step, a stray byte that is not UTF-8, a quote that never
+    closes) costs that row alone: it is skipped and named (``Skipped``), the rest is read.
     """
+    data = path.read_bytes()
     try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise SourceError(path, f"not UTF-8 text (bad byte at offset {exc.start})") from None
+        text = data.decode("utf-8-sig")
+        clean = True
+    except UnicodeDecodeError:  # the rows holding the bad bytes are bad records; the others read
+        text = data.decode("utf-8-sig", "replace")
+        clean = False
+    del data
     found = _header(text)
     if found is None:
         raise SourceError(path, "no CSV header line")
     header, delim = found
     src = Source(path=path, format="csv")
     step_col, columns = _csv_columns(path, header, src.warnings)
+    skipped = Skipped()
     # pandas takes most of a second to import: worth it only for a long export.
-    fast = _read_regular(text, delim, len(header), step_col, columns) if len(text) >= PANDAS_FROM_CHARS else None
+    fast = (_read_regular(text, delim, len(header), step_col, columns)
+            if clean and len(text) >= PANDAS_FROM_CHARS else None)
     if fast is not None:
         steps, names, values, present = fast
-        ragged = skipped = 0
+        ragged = empty = 0
     else:
-        steps, names, values, present, ragged, skipped = _read_cells(path, text, delim, len(header), step_col, columns)
+        steps, names, values, present, ragged, empty = _read_cells(path, text, delim, len(header), step_col, columns,
+                                                                   skipped, clean)
+    del text
     table = StepTable()
     matrix = values.tolist()
     full = present.all(axis=1).tolist() if len(names) else [True] * len(steps)
@@ -236,10 +267,12 @@ def read_csv(path: Path) -> Source:
         else:
             r = matrix[k]
             table.add(step, {names[j]: r[j] for j in np.flatnonzero(present[k]).tolist()})
+    refuse_if_mostly_skipped(path, skipped, len(table), "rows")
     if not len(table):
         raise SourceError(path, "no row with a step value")
-    if skipped:
-        src.warnings.append(f"{path}: skipped {skipped} row(s) with an empty step cell")
+    note_skipped(src, skipped)
+    if empty:
+        src.warnings.append(f"{path}: skipped {empty} row(s) with an empty step cell")
     if ragged:
         src.warnings.append(f"{path}: {ragged} row(s) do not have as many cells as the header")
     finish(src, table, "rows")
@@ -248,38 +281,107 @@ def read_csv(path: Path) -> Source:
 
 
 def _read_cells(
-    path: Path, text: str, delim: str, width: int, step_col: int, columns: list[tuple[int, str]]
+    path: Path, text: str, delim: str, width: int, step_col: int, columns: list[tuple[int, str]],
+    skipped: Skipped, clean: bool = True,
 ) -> tuple[list[int | None], list[str], np.ndarray, np.ndarray, int, int]:
     """Any table, cell by cell with the ``csv`` module: ragged rows, quoted cells, empty step
-    cells, and the line number of a bad step cell for the error."""
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delim)
-    try:
-        next(reader)
-        rows = []
-        lines = []
-        for row in reader:
-            if row:
-                rows.append(row)
-                lines.append(reader.line_num)
-    except csv.Error as exc:
-        raise SourceError(path, f"malformed CSV ({one_line_exc(exc)})", reader.line_num) from None
-    ragged = sum(1 for r in rows if len(r) != width)
-    if ragged:  # a torn last row, or a writer that changed its columns: missing cells are gaps
-        rows = [r + [""] * (width - len(r)) if len(r) < width else r for r in rows]
+    cells; a bad row is left out and named in ``skipped``."""
+    rows, lines = _csv_rows(path, text, delim, width, step_col, skipped)
+    ragged = 0
+    kept_rows: list[list[str]] = []
     steps: list[int | None] = []
-    skipped = 0
+    empty = 0
     for row, lineno in zip(rows, lines):
+        if not clean and any("\ufffd" in c for c in row):
+            skipped.add(f"{path}:{lineno}: not UTF-8 text (a bad byte in the row)")
+            continue
+        if len(row) <= step_col:
+            skipped.add(f"{path}:{lineno}: {len(row)} cell(s) where the header has {width}, no step cell")
+            continue
         cell = row[step_col].strip()
         if not cell:
-            skipped += 1
-            steps.append(None)
+            skipped.add(f"{path}:{lineno}: empty step cell")
             continue
-        step = as_step(cell)
+        step = usable_step(cell)
         if step is None:
-            raise SourceError(path, f"step cell {_short(cell)} is not an integer", lineno)
+            skipped.add(f"{path}:{lineno}: step cell {_short(cell)} is no step ({step_fault(cell)})")
+            continue
+        if len(row) != width:  # a torn last row, or a writer that changed its columns: missing cells are gaps
+            ragged += 1
+            if len(row) < width:
+                row = row + [""] * (width - len(row))
+        kept_rows.append(row)
         steps.append(step)
-    names, values, present = _numeric_columns(rows, columns)
-    return steps, names, values, present, ragged, skipped
+    names, values, present = _numeric_columns(kept_rows, columns)
+    return steps, names, values, present, ragged, empty
+
+
+def _csv_rows(path: Path, text: str, delim: str, width: int, step_col: int,
+              skipped: Skipped) -> tuple[list[list[str]], list[int]]:
+    """The rows after the header and the line each starts on. A quote that never closes would swallow the
+    rest of the file into one cell (a stray one, the next stray quote's rows in between): its row is skipped,
+    saying where it began and how many lines it took, and reading starts again on the line after it."""
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    offsets: list[int] | None = None  # where each physical line starts, worked out at the first broken quote
+    base = 0  # physical lines before the current reader's text
+    stream = io.StringIO(text, newline="")
+    reader = csv.reader(stream, delimiter=delim)
+    at = 0  # lines the current reader has consumed
+    try:
+        next(reader)
+        at = reader.line_num
+    except (csv.Error, StopIteration):
+        return rows, lines
+    while True:
+        broken: str | None = None
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:  # a field beyond the csv module's limit: a quote that ran on
+            row = None
+            broken = f"malformed CSV ({one_line_exc(exc)})"
+        first, last = base + at + 1, base + reader.line_num
+        at = reader.line_num
+        if row is not None and not row:
+            continue
+        if row is not None and (last > first or (row and row[-1][-1:] in ("\n", "\r"))):
+            if offsets is None:
+                offsets = [0, *accumulate(len(ln) for ln in io.StringIO(text, newline=""))]
+            broken = _broken_quote(row, text[offsets[first - 1]:offsets[min(last, len(offsets) - 1)]],
+                                   last >= len(offsets) - 1, delim, width, step_col)
+        if broken is None:
+            rows.append(row)  # type: ignore[arg-type]
+            lines.append(first)
+            continue
+        took = last - first
+        skipped.add(f"{path}:{first}: {broken}" + (f"; it took {took} more line(s), to line {last}, which are read "
+                                                   "again as rows" if took else ""))
+        if offsets is None:
+            offsets = [0, *accumulate(len(ln) for ln in io.StringIO(text, newline=""))]
+        if first >= len(offsets) - 1:
+            break
+        base, at = first, 0
+        stream.seek(offsets[first])  # a StringIO's positions are character offsets: no copy of the rest
+        reader = csv.reader(stream, delimiter=delim)
+    return rows, lines
+
+
+def _broken_quote(row: list[str], physical: str, at_end: bool, delim: str, width: int, step_col: int) -> str | None:
+    """Why a row read over several lines (or holding a line break) is a quote gone wrong, else None (a quoted
+    cell with line breaks in it, which CSV allows)."""
+    if at_end and physical.count('"') % 2:
+        return "a quote opened in this row never closes"
+    if len(row) != width:
+        return f"a quoted cell runs over several lines and leaves the row {len(row)} cell(s) wide, not {width}"
+    for cell in row:
+        inner = cell.replace("\r\n", "\n").replace("\r", "\n").split("\n")[1:-1]
+        for line in inner:
+            cells = next(csv.reader([line], delimiter=delim), [])
+            if len(cells) == width and usable_step(cells[step_col].strip()) is not None:
+                return "a quote in this row swallows the rows after it"
+    return None
 
 
 def _numeric_columns(rows: list[list[str]], columns: list[tuple[int, str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -344,6 +446,8 @@ def _read_regular(
     step_cells = frame.iloc[:, step_col]
     if step_cells.dtype.kind != "i" or len(frame) == 0:  # int64: every step in range (uint64 ones may not be)
         return None
+    if (step_cells < 0).any():  # a bad record: the careful reader names its line
+        return None
     names, positions = _metric_columns(columns)
     values = np.full((len(frame), len(names)), np.nan)
     present = np.ones((len(frame), len(names)), dtype=bool)
@@ -378,7 +482,8 @@ def _csv_columns(path: Path, header: list[str], warnings: list[str]) -> tuple[in
     names = [h.strip() for h in header]
     # W&B panel export: "Step", "<run> - <metric>", "<run> - <metric>__MIN", "<run> - <metric>__MAX"
     keep = [i for i, n in enumerate(names) if not (n.endswith("__MIN") or n.endswith("__MAX"))]
-    prefixes = {n.split(" - ", 1)[0] for i, n in enumerate(names) if i in keep and " - " in n}
+    kept = set(keep)  # a 100k-column export tests membership once per column: a list would make it quadratic
+    prefixes = {names[i].split(" - ", 1)[0] for i in keep if " - " in names[i]}
     if len(prefixes) == 1 and all(" - " in names[i] or _is_step(names[i]) for i in keep):
         names = [n.split(" - ", 1)[1] if " - " in n else n for n in names]
     elif len(prefixes) > 1:
@@ -393,7 +498,7 @@ def _csv_columns(path: Path, header: list[str], warnings: list[str]) -> tuple[in
     columns = [
         (i, n)
         for i, n in enumerate(names)
-        if i in keep and i not in skip and n and not n.startswith("_") and not n.startswith("Unnamed: ")
+        if i in kept and i not in skip and n and not n.startswith("_") and not n.startswith("Unnamed: ")
     ]
     return step_col, columns
 

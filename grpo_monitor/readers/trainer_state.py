@@ -8,11 +8,14 @@ checkpoint keeps beside its state names the model (``readers.model``).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from grpo_monitor.core.metrics import SUMMARY_KEYS
+from grpo_monitor.core.runlog import Skipped
 from grpo_monitor.readers._base import (
+    HugeNumber,
     Normalizer,
     Probe,
     Reader,
@@ -22,7 +25,11 @@ from grpo_monitor.readers._base import (
     as_step,
     finish,
     guess_context,
+    note_skipped,
     parse_json,
+    refuse_if_mostly_skipped,
+    step_fault,
+    usable_step,
 )
 
 
@@ -48,22 +55,36 @@ def read_trainer_state(path: Path, obj: Any) -> Source:
     table = StepTable()
     norm = Normalizer()
     summaries = 0
+    bad: list[tuple[int, str]] = []  # (index, why) of each entry left out: named once their lines are known
     for i, entry in enumerate(history):
         if not isinstance(entry, dict):
-            raise SourceError(path, f"log_history[{i}] is {type(entry).__name__}, expected an object")
+            bad.append((i, f"{type(entry).__name__}, expected an object"))
+            continue
         if "train_runtime" in entry or (SUMMARY_KEYS & entry.keys() and "loss" not in entry and "train_loss" in entry):
             summaries += 1
             # Kept aside: its train_runtime is the run's clock where the steps carry none (core.cost).
             src.meta.setdefault("summary", {k: v for k, v in entry.items() if isinstance(v, (int, float))})
             continue
         if "step" not in entry:
-            raise SourceError(path, f"log_history[{i}] has no 'step'")
-        step = as_step(entry["step"])
+            bad.append((i, "no 'step'"))
+            continue
+        step = usable_step(entry["step"])
         if step is None:
-            raise SourceError(path, f"log_history[{i}] has step {_short(entry['step'])}, expected an integer")
+            bad.append((i, f"step {_short(entry['step'])} is no step ({step_fault(entry['step'])})"))
+            continue
         table.add(step, norm(entry))
+    skipped = Skipped()
+    if bad:
+        lines = entry_lines(path, [i for i, _ in bad])
+        for i, why in bad:
+            at = f"{path}:{lines[i]}" if i in lines else str(path)
+            skipped.add(f"{at}: log_history[{i}]: {why}")
+    refuse_if_mostly_skipped(path, skipped, len(table), "log_history entries")
     if not len(table):
+        if skipped.count:
+            raise SourceError(path, f"log_history holds no usable step ({skipped.where[0]})")
         raise SourceError(path, "log_history holds no logged steps")
+    note_skipped(src, skipped)
     finish(src, table, "entries")
     logging_steps = as_step(obj.get("logging_steps"))
     src.context = guess_context(src.metric_names(), logging_steps, [s for s, _ in src.steps])
@@ -71,8 +92,60 @@ def read_trainer_state(path: Path, obj: Any) -> Source:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    try:
+        text = json.dumps(value) if not isinstance(value, (str, HugeNumber)) else repr(value)
+    except ValueError:  # an integer of thousands of digits
+        text = "a number of many digits"
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},\n]|[^\s\[\]{},":]+')
+
+
+def entry_lines(path: Path, wanted: list[int]) -> dict[int, int]:
+    """The line each wanted ``log_history`` entry starts on, found by one scan of the file's strings and
+    brackets (the parsed document keeps no positions); {} where the file cannot be scanned so."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig", "replace")
+    except OSError:
+        return {}
+    want = set(wanted)
+    out: dict[int, int] = {}
+    depth = 0
+    line = 1
+    in_history = False
+    index = 0
+    expect_value = False  # inside the array, the next token starts entry ``index``
+    last_key = None
+    for m in _TOKENS.finditer(text):
+        tok = m.group()
+        if tok == "\n":
+            line += 1
+            continue
+        if in_history and depth == 2 and expect_value:
+            if index in want:
+                out[index] = line
+                if len(out) == len(want):
+                    break
+            expect_value = False
+        if tok[0] == '"':
+            if depth == 1:
+                last_key = tok
+            continue
+        if tok[0] not in "[]{},":  # a number or a literal
+            continue
+        if tok in "[{":
+            depth += 1
+            if tok == "[" and depth == 2 and last_key == '"log_history"':
+                in_history, expect_value = True, True
+        elif tok in "]}":
+            depth -= 1
+            if in_history and depth < 2:
+                break
+        elif tok == "," and in_history and depth == 2:
+            index += 1
+            expect_value = True
+    return out
 
 
 def read_state_file(path: Path, obj: Any = None) -> Source:

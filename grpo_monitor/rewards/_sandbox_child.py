@@ -9,31 +9,36 @@ One job is one completion and its tests, run by these processes:
   kernel lets create one) while L writes its uid/gid maps. Where neither works the job is refused,
   unless the trainer asked for ``isolation="none"``. L prints the job's report as one JSON line.
 * **A** (PID 1 of the new PID namespace, trusted): dies with its parent (``PR_SET_PDEATHSIG``),
-  builds the code's filesystem (a new root holding read-only binds of the system directories and
+  ignores every signal it can (nothing in the job can interrupt it), builds the code's filesystem (a new root holding read-only binds of the system directories and
   the interpreter's, a few device nodes, a private ``/proc`` and an empty ``/tmp``) and pivots into
   it, then runs the tests one after another. Per test: a fresh tmpfs working directory, fresh
   memory files for stdin/stdout/stderr, a fresh fork **B** given at most ``wall`` seconds while A
   counts the memory of every process in the namespace; then A kills every other process in the
   namespace (``kill(-1)`` from PID 1 reaches only the namespace) and reaps them.
 * **B** (untrusted): its own process group, resource limits, an unprivileged uid where one can be
-  had, no capabilities, ``no_new_privs``, a seccomp filter (no Unix socket to connect with, no
-  memory the count cannot see, no new namespace), an empty environment; runs the completion's
-  code, evaluates the test's probe expressions and writes their values, as tagged JSON, to a pipe.
+  had, no capabilities, ``no_new_privs``, a seccomp filter (no socket but of the families the
+  trainer allows, none by default; no memory the count cannot see, no new namespace), an empty
+  environment; runs the completion's code, evaluates the test's probe expressions on the inputs
+  the judge evaluated (passed by value) and writes their values, as tagged JSON, to a pipe.
 
 **Judge** (``--judge MEMORY``): the third process. Reads one test per line (its setup code, its
-checks and the values B reported) and answers whether the checks hold, under an address-space
-limit; the trainer kills it past a time limit. So a check never runs beside the completion, and a
+checks and the values B reported) and answers whether the checks hold, or which calls into the
+solution the setup's code needs answered first (B makes them, from their arguments), or the
+values of a test's inputs; under an address-space limit; the trainer kills it past a time limit. So a check never runs beside the completion, and a
 value built to be expensive to compare costs the judge, not the trainer.
 
 B cannot forge a *pass*: it only reports values, and the judge compares them with expectations
 that never enter this process tree.
 """
 
+import array
 import builtins
 import ctypes
 import functools
+import itertools
 import json
 import os
+import re
 import resource
 import select
 import signal
@@ -112,20 +117,29 @@ _RET_ALLOW, _RET_KILL = 0x7FFF0000, 0x80000000
 _EPERM, _ENOSYS = 0x00050000 | 1, 0x00050000 | 38
 
 
-@functools.lru_cache(maxsize=1)
-def seccomp_program():
+# Socket families the code may open with ``socket()``: none. Its network namespace holds only a down
+# loopback, so an internet socket reaches nothing, while a family the network namespace does not
+# cover (``AF_VSOCK`` to the hypervisor, ``AF_NETLINK``, ``AF_ALG``, ...) would reach the host.
+SOCKET_FAMILIES = ()
+AF_UNIX = 1
+
+
+@functools.lru_cache(maxsize=8)
+def seccomp_program(families=SOCKET_FAMILIES):
     """The filter B runs under, as the bytes of a ``sock_filter`` array (None on an unknown machine).
 
-    Denied: an ``AF_UNIX`` socket (a filesystem socket is reachable by path from any namespace),
-    a Unix socket pair but a stream one (asyncio's self-pipe; a datagram pair could ``sendto`` a
-    path), io_uring (it would issue these calls unseen), new namespaces (``unshare``, ``setns``,
-    ``clone`` with a namespace flag; ``clone3``, whose flags it cannot read, answers ENOSYS and
-    the C library falls back to ``clone``), memory the supervisor cannot count (memory files,
-    SysV shared memory and message queues, POSIX message queues), and the kernel keyrings (shared
-    by a uid across namespaces). Another architecture than the machine's (i386 or x32 calls on
+    Denied: ``socket()`` of any family but those in ``families`` (none by default; ``AF_UNIX`` is
+    never allowed: a filesystem socket is reachable by path from any namespace), a socket pair but
+    a Unix stream one (asyncio's self-pipe; a datagram pair could ``sendto`` a path), io_uring (it
+    would issue these calls unseen), new namespaces (``unshare``, ``setns``, ``clone`` with a
+    namespace flag; ``clone3``, whose flags it cannot read, answers ENOSYS and the C library falls
+    back to ``clone``), memory the supervisor cannot count (memory files, SysV shared memory and
+    message queues, POSIX message queues), and the kernel keyrings (shared by a uid across
+    namespaces). Another architecture than the machine's (i386 ``socketcall`` or x32 calls on
     x86_64) ends the process."""
     if _ARCH is None:
         return None
+    families = sorted({int(f) for f in families} - {AF_UNIX})
     # (code, jt, jf, k) with jt/jf as labels, resolved below.
     ld_arch, ld_nr, ld_arg0, ld_arg1 = (0x20, 0, 0, 4), (0x20, 0, 0, 0), (0x20, 0, 0, 16), (0x20, 0, 0, 24)
     prog = [ld_arch, (0x15, None, "kill", _ARCH["audit"]), ld_nr]
@@ -136,8 +150,9 @@ def seccomp_program():
     prog += [(0x15, "enosys", None, _ARCH["clone3"]), (0x15, "socket", None, _ARCH["socket"]),
              (0x15, "socketpair", None, _ARCH["socketpair"]), (0x15, "clone", None, _ARCH["clone"]),
              "allow",
-             "socket:", ld_arg0, (0x15, "eperm", "allow", 1),  # AF_UNIX
-             "socketpair:", ld_arg0, (0x15, None, "allow", 1), ld_arg1, (0x54, 0, 0, 0xF),
+             # the kernel reads the family as an int: the low half of the argument is all it sees
+             "socket:", ld_arg0, *[(0x15, "allow", None, f) for f in families], (0x06, 0, 0, _EPERM),
+             "socketpair:", ld_arg0, (0x15, None, "eperm", AF_UNIX), ld_arg1, (0x54, 0, 0, 0xF),
              (0x15, "allow", "eperm", 1),  # SOCK_STREAM
              "clone:", ld_arg0,
              (0x45, "eperm", "allow", CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER
@@ -277,6 +292,7 @@ def decode(enc, depth=0):
 # -- the judge ------------------------------------------------------------------------------------------
 
 PROBE_PREFIX = "__grpo_probe_"
+ARG_PREFIX = "__grpo_arg_"  # an input the judge evaluated, passed into the sandbox by value
 
 
 _compiled = {}
@@ -291,13 +307,106 @@ def _code(src, mode):
     return _compiled[key]
 
 
-def verdict(setup, checks, values):
-    """Whether every check holds with the probes bound to ``values`` (decoded), after the setup."""
+class _Need(BaseException):
+    """A call into the solution not answered yet. Not an ``Exception``: setup code catching
+    ``Exception`` around the call must not take it for the solution's."""
+
+
+class _Unpassable(BaseException):
+    """A call into the solution whose arguments are not plain data: it cannot be made."""
+
+
+class _Calls:
+    """The setup code's calls into the solution, answered by the sandbox (``answers``: pairs of a
+    call ``[path, args, kwargs]``, encoded, and its value or ``{"raised": name}``); ``need`` collects
+    the calls not answered yet, ``unpassable`` says one could not be made."""
+
+    def __init__(self, answers):
+        self.answers = {}
+        for call, entry in answers or ():
+            self.answers[json.dumps(call)] = entry
+        self.need = []
+        self.unpassable = False
+
+    def call(self, path, args, kwargs):
+        try:
+            call = [path, encode(list(args)), encode(dict(kwargs))]
+        except (TypeError, ValueError):
+            self.unpassable = True
+            raise _Unpassable(path) from None
+        key = json.dumps(call)
+        if key not in self.answers:
+            if call not in self.need:
+                self.need.append(call)
+            raise _Need(path)
+        entry = self.answers[key]
+        if isinstance(entry, dict):
+            name = entry.get("raised")
+            cls = getattr(builtins, name, None) if isinstance(name, str) else None
+            if isinstance(cls, type) and issubclass(cls, Exception):
+                raise cls(f"raised by the solution's {path}")
+            raise Exception(f"{name} raised by the solution's {path}")
+        return decode(entry)
+
+
+class _Remote:
+    """A name of the solution's, as the judge's setup code sees it: calling it asks the sandbox."""
+
+    __slots__ = ("_path", "_calls")
+
+    def __init__(self, path, calls):
+        object.__setattr__(self, "_path", path)
+        object.__setattr__(self, "_calls", calls)
+
+    def __getattr__(self, name):
+        if name.startswith("__") or not name.isidentifier():
+            raise AttributeError(name)
+        return _Remote(f"{self._path}.{name}", self._calls)
+
+    def __call__(self, *args, **kwargs):
+        return self._calls.call(self._path, args, kwargs)
+
+    def __repr__(self):
+        return f"<the solution's {self._path}>"
+
+
+def judge_request(req):
+    """One request to the judge. ``{"setup", "args", "remote"}``: the values of a test's inputs
+    (expressions over the setup's names), encoded. ``{"setup", "checks", "values", "remote",
+    "answers"}``: whether the checks hold with the probes bound to ``values``; where the setup's
+    code calls the solution (``remote`` names it) and a call has no answer yet, ``need`` lists the
+    calls to make in the sandbox and ask again with."""
+    if "args" in req:
+        ns = {"__builtins__": builtins}
+        calls = _Calls(())
+        for name in req.get("remote") or ():
+            ns[name] = _Remote(name, calls)
+        exec(_code(req["setup"], "exec"), ns)
+        return {"ok": True, "values": [encode(eval(_code(a, "eval"), ns)) for a in req["args"]]}
+    return _checks(req["setup"], req["checks"], [decode(v) for v in req["values"]], req.get("remote"),
+                   req.get("answers"))
+
+
+def _checks(setup, checks, values, remote, answers):
+    calls = _Calls(answers)
     ns = {"__builtins__": builtins}
-    exec(_code(setup, "exec"), ns)
-    for i, v in enumerate(values):
-        ns[f"{PROBE_PREFIX}{i}"] = v
-    return all(bool(eval(_code(c, "eval"), ns)) for c in checks)
+    for name in remote or ():
+        ns[name] = _Remote(name, calls)
+    try:
+        exec(_code(setup, "exec"), ns)
+        for i, v in enumerate(values):
+            ns[f"{PROBE_PREFIX}{i}"] = v
+        ok = all(bool(eval(_code(c, "eval"), ns)) for c in checks)
+    except (_Need, _Unpassable):
+        ok = False
+    if calls.need and not calls.unpassable:  # caught or not, a call without its answer decides nothing
+        return {"ok": False, "need": calls.need}
+    return {"ok": ok is True and not calls.unpassable}
+
+
+def verdict(setup, checks, values, remote=(), answers=()):
+    """Whether every check holds with the probes bound to ``values`` (decoded), after the setup."""
+    return _checks(setup, checks, values, remote, answers)["ok"]
 
 
 def judge(memory):
@@ -307,12 +416,41 @@ def judge(memory):
     sys.stdout.flush()
     for line in sys.stdin.buffer:
         try:
-            req = json.loads(line)
-            rep = {"ok": verdict(req["setup"], req["checks"], [decode(v) for v in req["values"]])}
+            rep = judge_request(json.loads(line))
         except BaseException as exc:  # MemoryError included: a check that cannot be evaluated did not pass
             rep = {"ok": False, "error": type(exc).__name__}
         sys.stdout.write(json.dumps(rep) + "\n")
         sys.stdout.flush()
+
+
+# -- what comes back from the sandbox ------------------------------------------------------------------
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = re.compile(r'[^\[\]{}]+')
+_STEPS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")  # +1 and -1 as signed bytes
+MAX_DEPTH = 128
+
+
+def loads_bounded(data, max_bytes, max_depth=MAX_DEPTH):
+    """JSON written on the sandbox's side, or None where it is longer than ``max_bytes``, nested
+    deeper than ``max_depth`` or not JSON. The nesting is measured on the brackets outside strings
+    before anything is parsed (the parser recurses per level), in time linear in the length."""
+    if len(data) > max_bytes:
+        return None
+    if isinstance(data, (bytes, bytearray)):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    skeleton = _NOT_BRACKETS.sub("", _JSON_STRING.sub("", data))
+    if skeleton.count("[") + skeleton.count("{") > max_depth:
+        steps = array.array("b", skeleton.encode("ascii").translate(_STEPS))
+        if max(itertools.accumulate(steps)) > max_depth:
+            return None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError, MemoryError):
+        return None
 
 
 # -- B: the untrusted process ----------------------------------------------------------------------
@@ -333,13 +471,25 @@ def _run_untrusted(job, test, wfd):
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, closefd=False)), encoding="utf-8")
     payload = {"ok": False}
     try:
+        # Decoded before the code runs, which may patch the builtins decode uses; bound apart from
+        # the code's globals, in the probes' own scope.
+        inputs = {f"{ARG_PREFIX}{i}": decode(v) for i, v in enumerate(test.get("args") or ())}
         exec(compile(job.get("code", ""), "<completion>", "exec"), ns)
         if not stdio:
             if test.get("setup"):
                 exec(compile(test["setup"], "<test setup>", "exec"), ns)
             values = []
             for expr in test.get("probes", []):
-                values.append(encode(eval(compile(expr, "<test>", "eval"), ns)))
+                code = compile(expr, "<test>", "eval")
+                if test.get("calls"):  # a call the judge's setup code made: what it raised is an answer too
+                    try:
+                        value = eval(code, ns, inputs)
+                    except Exception as exc:
+                        values.append({"raised": str(type(exc).__name__)[:100]})
+                        continue
+                    values.append(encode(value))
+                else:
+                    values.append(encode(eval(code, ns, inputs)))
             payload = {"ok": True, "values": values}
         else:
             payload = {"ok": True}
@@ -364,6 +514,8 @@ def _run_untrusted(job, test, wfd):
 
 
 def _become_untrusted(job, wfd, stdin_fd, out_fd, err_fd, workdir):
+    for sig, handler in job.get("_signals", {}).items():  # the code gets an interpreter's usual handlers
+        signal.signal(sig, handler)
     os.setpgid(0, 0)
     os.dup2(stdin_fd, 0)
     os.dup2(out_fd, 1)
@@ -734,13 +886,37 @@ def _new_root(job, caps):
     _step("make the new root read-only", _read_only, "/", False)
 
 
+# Signals A ignores. The kernel delivers to PID 1 of a namespace, from inside it, only the signals
+# it has a handler for, so with these ignored (and SIGKILL, SIGSTOP and SIGCHLD left at their
+# defaults, which the kernel drops) nothing in the job can interrupt A, even where B has A's uid
+# (a user namespace of an ordinary user maps that one uid only). SIGCHLD keeps its default: ignoring
+# it would reap B before A can read its status.
+_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+
+
+def _ignore_signals():
+    """Ignore every catchable signal; returns the previous handlers, for B to restore."""
+    saved = {}
+    for sig in signal.valid_signals():
+        if sig in _UNCATCHABLE:
+            continue
+        try:
+            prev = signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):  # the C library's own real-time signals
+            continue
+        if prev is not signal.SIG_IGN and prev != signal.SIG_IGN:
+            saved[sig] = signal.SIG_DFL if prev is None else prev
+    return saved
+
+
 def _supervise(job, caps, parent, sw):
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    job["_signals"] = _ignore_signals()
     if os.getppid() not in (parent, 0):  # 0: PID 1 of a new namespace sees no parent; its parent is alive (it waits for us)
         os._exit(0)
     try:
         if job["isolation"] == "full":
-            program = seccomp_program()
+            program = seccomp_program(tuple(sorted(int(f) for f in job.get("socket_families") or ())))
             if program is None:
                 raise _Refused(f"no seccomp filter for this machine ({os.uname().machine})")
             job["_confine"] = _Confinement(program)

@@ -5,10 +5,12 @@ group. One isolation policy (see that module and docs/REWARDS.md for the threat 
 network, PID and IPC namespaces, entered directly as root with ``CAP_SYS_ADMIN`` and inside a new
 user namespace otherwise; a new root holding only read-only system and interpreter directories and
 a fresh tmpfs working directory; an unprivileged uid of its own per worker slot where the machine
-grants one; no capabilities, ``no_new_privs`` and a seccomp filter (no Unix socket, no memory file,
-no new namespace); ``RLIMIT_CPU``/``AS``/``FSIZE``/``NPROC``/``NOFILE``; the memory of all the job's
+grants one; no capabilities, ``no_new_privs`` and a seccomp filter (no socket but those of the families the
+caller allows, none by default; no memory file, no new namespace); ``RLIMIT_CPU``/``AS``/``FSIZE``/``NPROC``/``NOFILE``; the memory of all the job's
 processes counted against one limit; a wall-clock limit after which the whole tree is killed;
-stdout/stderr kept to a bounded head; an empty environment. Where no isolation can be had the job
+stdout/stderr kept to a bounded head; an empty environment; a supervisor that ignores every signal the
+job could send it. What comes back is read within a size and a nesting bound: a completion that
+writes something else fails its own test, nothing more. Where no isolation can be had the job
 is refused (``SandboxRefused``) unless the caller asked for ``isolation="none"``.
 ``Sandbox.capabilities()`` says what this machine grants.
 
@@ -96,16 +98,20 @@ class Sandbox:
     ``isolation="none"`` runs the code without namespaces, new root or seccomp filter, with
     resource limits and its own session only: unsafe, for machines that grant no isolation and
     code that is trusted anyway. ``hide``: paths kept out of the code's view even where they lie
-    inside a directory it sees (default: the trainer's home and working directory)."""
+    inside a directory it sees (default: the trainer's home and working directory).
+    ``socket_families``: the address families (``socket.AF_INET``, ...) the code may open a socket
+    of; none by default (a Unix stream socket pair is always allowed, a Unix socket never)."""
 
     def __init__(self, limits: Limits | None = None, workers: int | None = None, isolation: str = "full",
-                 hide: Sequence[str] | None = None, fork_server: bool = True) -> None:
+                 hide: Sequence[str] | None = None, fork_server: bool = True,
+                 socket_families: Sequence[int] = ()) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation={isolation!r}: expected one of {', '.join(map(repr, ISOLATIONS))}")
         self.limits = limits or Limits()
         self.workers = max(1, int(workers or min(8, os.cpu_count() or 1)))
         self.isolation = isolation
         self.hide = list(hide) if hide is not None else _hidden_paths()
+        self.socket_families = sorted({int(f) for f in socket_families})
         self._slots: queue.Queue[int] = queue.Queue()
         base = UID_BASE + (os.getpid() % 4096) * 64
         for i in range(self.workers):
@@ -121,11 +127,11 @@ class Sandbox:
 
     def __getstate__(self) -> dict[str, Any]:  # picklable for TRL's rollout workers: no pool, no queue
         return {"limits": self.limits, "workers": self.workers, "isolation": self.isolation, "hide": self.hide,
-                "fork_server": self.fork_server}
+                "fork_server": self.fork_server, "socket_families": self.socket_families}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["limits"], state["workers"], state.get("isolation", "full"), state["hide"],  # type: ignore[misc]
-                      state.get("fork_server", True))
+                      state.get("fork_server", True), state.get("socket_families", ()))
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -135,7 +141,9 @@ class Sandbox:
 
     def run_tests(self, code: str, tests: Sequence[dict[str, Any]], limits: Limits | None = None) -> list[JobResult]:
         """Run ``code`` once per test, each in a fresh process of one sandbox. A test is
-        ``{"probes": [...], "setup": "..."}`` (evaluate the probe expressions after the code) or
+        ``{"probes": [...], "setup": "...", "args": [...]}`` (evaluate the probe expressions after
+        the code and the setup, with ``__grpo_arg_<i>`` bound to the decoded ``args[i]``; with
+        ``"calls": True``, what a probe raises is its answer, ``{"raised": name}``) or
         ``{"stdin": "..."}`` (feed it stdin, keep its stdout). ``limits.wall`` is per test.
         Raises ``SandboxRefused`` where the job cannot be isolated."""
         results, refused = self._run_tests(code, tests, limits)
@@ -154,8 +162,10 @@ class Sandbox:
         uid = self._slots.get()
         try:
             job = {"code": code, "tests": [{"probes": list(t.get("probes") or []), "setup": t.get("setup") or "",
-                                            "stdin": t.get("stdin")} for t in tests],
-                   "limits": lim.as_job(), "uid": uid, "gid": uid, "isolation": self.isolation, "hide": self.hide}
+                                            "stdin": t.get("stdin"), "args": list(t.get("args") or []),
+                                            "calls": bool(t.get("calls"))} for t in tests],
+                   "limits": lim.as_job(), "uid": uid, "gid": uid, "isolation": self.isolation, "hide": self.hide,
+                   "socket_families": self.socket_families}
             return self._launch(job, lim)
         finally:
             self._slots.put(uid)
@@ -173,8 +183,17 @@ class Sandbox:
         """Whether each test passed: ``{"setup", "checks", "values"}``, the checks (expressions over the
         probe values, as ``_sandbox_child.verdict`` binds them) evaluated by the judge on the encoded
         values the sandbox reported. A check that fails, raises, runs out of memory or past
-        ``limits.verdict`` seconds did not pass."""
-        return self._judge.run(tests, limits or self.limits)
+        ``limits.verdict`` seconds did not pass; so does one whose setup calls the solution (use
+        ``judge`` for those)."""
+        return [rep.get("ok") is True for rep in self.judge(tests, limits)]
+
+    def judge(self, requests: Sequence[dict[str, Any]], limits: Limits | None = None) -> list[dict[str, Any]]:
+        """The judge's answer to each request (``_sandbox_child.judge_request``): ``{"ok": bool}``,
+        with ``need`` where the setup calls the solution and a call has no answer yet, or
+        ``{"ok": True, "values": [...]}`` for a request of ``args``. A request that fails, runs
+        out of memory or past ``limits.verdict`` seconds answers ``{"ok": False}``."""
+        lim = limits or self.limits
+        return self._judge.run(requests, lim)
 
     def _launch(self, job: dict[str, Any], lim: Limits) -> tuple[list[JobResult], str]:
         n = len(job["tests"])
@@ -189,7 +208,8 @@ class Sandbox:
                 job["workdir"] = workdir
             timeout = n * (lim.wall + 2) + 30
             data = json.dumps(job).encode("utf-8")
-            rep = self._via_server(data, timeout) if self.fork_server else None
+            bound = _reply_bound(n, lim)
+            rep = self._via_server(data, timeout, bound) if self.fork_server else None
             if rep is None:
                 proc = subprocess.Popen([sys.executable, "-I", "-S", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, start_new_session=True, close_fds=True, cwd="/",
@@ -206,7 +226,9 @@ class Sandbox:
                 if proc.returncode != 0 or not out:
                     msg = f"launcher exit {proc.returncode}: {err.decode(errors='replace')[-300:]}"
                     return [JobResult(status="error", error=msg)] * n, ""
-                rep = json.loads(out.decode("utf-8"))
+                rep = _child.loads_bounded(out, bound)
+                if not isinstance(rep, dict):
+                    return [JobResult(status="error", error="unreadable launcher report")] * n, ""
         finally:
             if workdir:
                 import shutil
@@ -223,20 +245,19 @@ class Sandbox:
         if rep.get("status") != "ok" or not isinstance(results, list) or len(results) != n:
             self._warn_once_error(str(rep.get("error")))
             return [JobResult(status="error", error=str(rep.get("error", "no results")), caps=caps)] * n, ""
-        return [self._result(r, caps) for r in results], ""
+        return [self._result(r, caps, lim) for r in results], ""
 
     @staticmethod
-    def _result(rep: dict[str, Any], caps: dict[str, Any]) -> JobResult:
+    def _result(rep: dict[str, Any], caps: dict[str, Any], lim: Limits | None = None) -> JobResult:
         res = JobResult(status=rep.get("status", "lost"), code=rep.get("code"), stdout=rep.get("stdout", ""),
                         stderr=rep.get("stderr", ""), caps=caps)
         raw = rep.get("result") or ""
         if rep.get("result_truncated"):
             res.error = "result too large"
         elif raw:
-            try:
-                payload = json.loads(raw)
-            except ValueError:
-                payload = None
+            # Written by the completion: any size up to the limit, any nesting.
+            payload = _child.loads_bounded(raw, 4 * (lim or Limits()).result)
+            if payload is None:
                 res.error = "unreadable result"
             if isinstance(payload, dict):
                 res.ok = payload.get("ok") is True
@@ -284,7 +305,7 @@ class Sandbox:
             self._server, self._server_sock = proc, path
             return path
 
-    def _via_server(self, data: bytes, timeout: float) -> dict[str, Any] | None:
+    def _via_server(self, data: bytes, timeout: float, bound: int) -> dict[str, Any] | None:
         import socket
 
         path = self._server_path()
@@ -305,13 +326,19 @@ class Sandbox:
             sock.sendall(data)
             sock.shutdown(socket.SHUT_WR)
             sock.settimeout(timeout)
-            chunks = []
+            chunks, size = [], 0
             while True:
                 b = sock.recv(1 << 20)
                 if not b:
                     break
+                size += len(b)
+                if size > bound:
+                    raise ValueError("the launcher's report is past its bound")
                 chunks.append(b)
-            return json.loads(b"".join(chunks).decode("utf-8"))
+            rep = _child.loads_bounded(b"".join(chunks), bound)
+            if not isinstance(rep, dict):
+                raise ValueError("unreadable launcher report")
+            return rep
         except (OSError, ValueError):
             if pid is not None:
                 self._killpg(pid)  # the job's session: its launcher; its supervisor follows (parent-death signal)
@@ -365,11 +392,11 @@ class _Judge:
         self._buf = b""
         self._lock = threading.Lock()
 
-    def run(self, tests: Sequence[dict[str, Any]], lim: Limits) -> list[bool]:
+    def run(self, tests: Sequence[dict[str, Any]], lim: Limits) -> list[dict[str, Any]]:
         with self._lock:
             return [self._one(t, lim) for t in tests]
 
-    def _one(self, test: dict[str, Any], lim: Limits) -> bool:
+    def _one(self, test: dict[str, Any], lim: Limits) -> dict[str, Any]:
         if self._proc is None or self._proc.poll() is not None or self._memory != lim.memory:
             self.close()
             self._memory = lim.memory
@@ -377,9 +404,9 @@ class _Judge:
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                           start_new_session=True, close_fds=True, cwd="/", env=_ENV)
             self._buf = b""
-            if self._line(20) != b"ready":  # its start does not count against a test's time
+            if self._line(20, 64) != b"ready":  # its start does not count against a test's time
                 self.close()
-                return False
+                return {"ok": False}
         proc = self._proc
         assert proc.stdin is not None
         try:
@@ -387,18 +414,19 @@ class _Judge:
             proc.stdin.flush()
         except OSError:
             self.close()
-            return False
-        line = self._line(lim.verdict)
+            return {"ok": False}
+        # Its answers carry values built from the completion's (the arguments of a call it needs).
+        bound = 4 * lim.result + 4096
+        line = self._line(lim.verdict, bound)
         if line is None:
             self.close()
-            return False
-        try:
-            return json.loads(line).get("ok") is True
-        except ValueError:
-            return False
+            return {"ok": False}
+        rep = _child.loads_bounded(line, bound)
+        return rep if isinstance(rep, dict) else {"ok": False}
 
-    def _line(self, timeout: float) -> bytes | None:
-        """The judge's next line, or None when it has none within ``timeout`` seconds or died."""
+    def _line(self, timeout: float, bound: int) -> bytes | None:
+        """The judge's next line, or None when it has none within ``timeout`` seconds or ``bound``
+        bytes, or died."""
         import select
 
         assert self._proc is not None and self._proc.stdout is not None
@@ -409,7 +437,7 @@ class _Judge:
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 return None
             chunk = os.read(fd, 65536)
-            if not chunk:
+            if not chunk or len(self._buf) + len(chunk) > bound + 1:
                 return None
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
@@ -425,6 +453,12 @@ class _Judge:
                 except OSError:
                     pass
             self._proc = None
+
+
+def _reply_bound(n: int, lim: Limits) -> int:
+    """The most a launcher's report on ``n`` tests can hold: each test's result and heads of
+    stdout/stderr, as JSON strings (up to six bytes a byte), and a little more."""
+    return n * (6 * (lim.result + 2 * lim.output) + 4096) + 65536
 
 
 # -- values ---------------------------------------------------------------------------------------

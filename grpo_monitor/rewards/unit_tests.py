@@ -7,30 +7,40 @@ Why the count cannot be forged. A test never runs in the same process as its ver
 ``assert`` is split, in the trainer, into *probes*, the sub-expressions that call into the
 completion's code (``f(3)`` in ``assert f(3) == 9``, ``f(3)`` again in ``assert f(3)[0] == 9``),
 and the rest (``_ == 9``). The sandbox runs the completion and evaluates only the probes, each test
-in a fresh process, with only the setup statements the probes need, and reports their values as
-plain data (exact built-in types: an object whose ``__eq__`` always says yes is refused). A third
-process, the judge, evaluates the rest of the assertion on those values, with its own copy of the
-standard library (a module the test uses without importing it, ``math.isclose``, is that module,
-never the completion's patched one), under a memory and a time limit. The completion never sees
-the expected values, so exiting early, printing a pass summary, raising ``SystemExit``, patching
-``builtins``, a library or the runner, or writing to the result pipe can only report values, and
-values pass only if they are the right answers. A test whose verdict logic would have to run
-beside the completion (a comprehension or lambda that calls it) is refused: the example scores
-None.
+in a fresh process, and reports their values as plain data (exact built-in types: an object whose
+``__eq__`` always says yes is refused). Of the setup code, no statement that binds a value enters
+the sandbox: a probe's inputs that read the setup's names (``x`` in ``f(x)``, ``cases[0][0]``) are
+evaluated by the judge and passed in by value, so a setup line that binds an input together with
+its answer (``x, expected = 5, 25``, a list of pairs) keeps the answer out; only the imports the
+probes use and calls made for their effect on an imported module (``sys.setrecursionlimit(...)``)
+run there. A third process, the judge, evaluates the rest of the assertion on those values, with
+its own copy of the standard library (a module the test uses without importing it,
+``math.isclose``, is that module, never the completion's patched one), under a memory and a time
+limit. Where the setup's own code calls the solution (a helper ``def check(x): return solve(x) ==
+9``), the judge runs it with each such call answered by the sandbox, from its arguments only. The
+completion never sees the expected values, so exiting early, printing a pass summary, raising
+``SystemExit``, patching ``builtins``, a library or the runner, or writing to the result pipe can
+only report values, and values pass only if they are the right answers. A test whose verdict logic
+would have to run beside the completion (a comprehension or lambda that calls it) is refused, and
+so is one whose inputs are not plain data: the example scores None.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import functools
 import importlib
 import json
+import keyword
 import logging
+import symtable
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grpo_monitor.rewards._sandbox_child import ARG_PREFIX as _ARG_PREFIX
 from grpo_monitor.rewards._sandbox_child import PROBE_PREFIX as _PROBE_PREFIX
 from grpo_monitor.rewards._sandbox_child import verdict as _verdict
 from grpo_monitor.rewards._text import completion_text, extract_code, row_value
@@ -81,20 +91,47 @@ def _stdlib_modules(tree: ast.AST, known: set[str]) -> list[str]:
 
 
 def _needed(stmts: list[ast.stmt], names: set[str]) -> list[ast.stmt]:
-    """The setup statements the probes need: those that bind a name in ``names`` or one that such a
-    statement uses, and those that bind nothing (calls made for their effect). Nothing else enters
-    the sandbox: a setup that holds the expected values keeps them in the trainer."""
-    need, keep = set(names), [False] * len(stmts)
-    changed = True
-    while changed:
-        changed = False
-        for i, st in enumerate(stmts):
-            if not keep[i]:
-                bound = _bound_names(st)
-                if not bound or bound & need:
-                    keep[i], changed = True, True
-                    need |= _loaded_names(st)
-    return [st for st, k in zip(stmts, keep) if k]
+    """The setup statements the sandbox runs: imports the probes use, and calls made for their
+    effect on an imported module (``sys.setrecursionlimit(10 ** 6)``: literal arguments only), with
+    the imports they use. No statement that binds a value: a value a probe needs is passed in."""
+    imports = [st for st in stmts if isinstance(st, (ast.Import, ast.ImportFrom))]
+    modules = _bound_names(ast.Module(body=imports, type_ignores=[]))
+    need = set(names)
+    effects = []
+    for st in stmts:
+        if (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Attribute)
+                and _root_name(st.value.func) in modules
+                and not any(_loaded_names(a) for a in st.value.args + [k.value for k in st.value.keywords])):
+            effects.append(st)
+            need.add(_root_name(st.value.func))  # type: ignore[arg-type]
+    return [st for st in stmts if st in effects or (st in imports and _bound_names(st) & need)]
+
+
+def _root_name(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _solution_names(setup: str) -> list[str]:
+    """Names the setup's code reads (in a helper's body too) that nothing in it binds at module
+    level and that are not builtins: the solution's, as the setup sees it."""
+    try:
+        top = symtable.symtable(setup, "<test setup>", "exec")
+    except SyntaxError:
+        return []
+    bound = {sym.get_name() for sym in top.get_symbols() if sym.is_assigned() or sym.is_imported()}
+    found: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        for sym in table.get_symbols():
+            if sym.is_referenced() and (table is top or sym.is_global()):
+                found.add(sym.get_name())
+            if table is not top and sym.is_declared_global() and sym.is_assigned():
+                bound.add(sym.get_name())
+        tables.extend(table.get_children())
+    return sorted(found - bound - _BUILTIN_NAMES)
 
 
 def _unknown(node: ast.AST, known: set[str]) -> bool:
@@ -139,9 +176,36 @@ class _Splitter(ast.NodeTransformer):
         return self._probe(node)
 
 
+class _Inputs(ast.NodeTransformer):
+    """Inside a probe: each largest sub-expression that does not involve the solution and reads a
+    name the setup binds to a value becomes an input, ``__grpo_arg_<i>``, evaluated by the judge
+    and passed in by value. What reads only builtins and imported modules stays as written: it is
+    the test's own text."""
+
+    def __init__(self, known: set[str], literal: set[str], sources: list[str]) -> None:
+        self.known, self.literal, self.sources = known, literal, sources
+
+    def visit(self, node: ast.AST) -> Any:
+        # A starred argument, a slice or an f-string part is no expression of its own: its parts are.
+        if (isinstance(node, ast.expr) and not isinstance(node, (ast.Starred, ast.Slice, ast.FormattedValue))
+                and not _unknown(node, self.known)):
+            if _loaded_names(node) <= self.literal:
+                return node
+            name = f"{_ARG_PREFIX}{len(self.sources)}"
+            self.sources.append(ast.unparse(node))
+            return ast.copy_location(ast.Name(id=name, ctx=ast.Load()), node)
+        return self.generic_visit(node)
+
+
 class SplitTest:
-    """One test: setup statements, probes (run in the sandbox, with the setup they need) and checks
-    (run in the judge, after the whole setup)."""
+    """One test: setup statements, probes (run in the sandbox with their inputs passed by value, and
+    the imports they use) and checks (run in the judge, after the whole setup).
+
+    ``probes``: the sub-expressions as the test writes them; ``sandbox_probes``: as the sandbox
+    evaluates them, each input read from the setup replaced by ``__grpo_arg_<i>``, whose source is
+    ``arg_sources[i]`` (the judge evaluates it, ``args`` holds the encoded values once it has);
+    ``sandbox_setup``: the setup statements the sandbox runs; ``remote``: the solution's names the
+    setup's own code calls (the judge asks the sandbox for each such call)."""
 
     def __init__(self, source: str, setup: str = "") -> None:
         self.source = source
@@ -173,18 +237,53 @@ class SplitTest:
             raise UnsplittableTestError(f"{source!r}: no assert")
         self.probes = probes
         self.setup = ast.unparse(ast.Module(body=setup_stmts, type_ignores=[]))
-        used = set().union(*(_loaded_names(ast.parse(p, mode="eval")) for p in probes)) if probes else set()
+        setup_module = ast.Module(body=setup_stmts, type_ignores=[])
+        assigned = _bound_names(ast.Module(body=[st for st in setup_stmts if not isinstance(st, (ast.Import, ast.ImportFrom))],
+                                           type_ignores=[]))
+        imported = _bound_names(ast.Module(body=[st for st in setup_stmts if isinstance(st, (ast.Import, ast.ImportFrom))],
+                                           type_ignores=[])) - assigned
+        literal = (set(_BUILTIN_NAMES) - assigned) | imported
+        self.arg_sources: list[str] = []
+        inputs = _Inputs(known, literal, self.arg_sources)
+        trees = [inputs.visit(ast.parse(p, mode="eval").body) for p in probes]
+        self.sandbox_probes = [ast.unparse(t) for t in trees]
+        used = set().union(*(_loaded_names(t) for t in trees)) if trees else set()
         self.sandbox_setup = ast.unparse(ast.Module(body=_needed(setup_stmts, used), type_ignores=[]))
+        self.remote = _solution_names(ast.unparse(setup_module))
+        self.args: list[Any] | None = None if self.arg_sources else []
         self.check_sources = [ast.unparse(c.body) for c in self.checks]
 
-    def request(self, values: Sequence[Any]) -> dict[str, Any]:
-        """What the judge gets: the setup, the checks and the encoded values the sandbox reported."""
-        return {"setup": self.setup, "checks": self.check_sources, "values": list(values)}
+    def arg_request(self) -> dict[str, Any]:
+        """What the judge gets to evaluate the probes' inputs."""
+        return {"setup": self.setup, "args": self.arg_sources, "remote": self.remote}
+
+    def sandbox_test(self) -> dict[str, Any]:
+        """The test as the sandbox runs it (its inputs evaluated: ``args`` is set)."""
+        if self.args is None:
+            raise RuntimeError("the judge has not evaluated this test's inputs yet")
+        return {"probes": self.sandbox_probes, "setup": self.sandbox_setup, "args": self.args}
+
+    def calls_test(self, calls: Sequence[Any]) -> dict[str, Any]:
+        """The calls into the solution the judge needs (``[path, args, kwargs]``, encoded), as a
+        sandbox test whose answers are the calls' values or what they raised."""
+        probes, args = [], []
+        for path, a, kw in calls:
+            if not (isinstance(path, str) and all(p.isidentifier() and not keyword.iskeyword(p) for p in path.split("."))):
+                raise ValueError(f"not a name of the solution's: {path!r:.80}")
+            probes.append(f"{path}(*{_ARG_PREFIX}{len(args)}, **{_ARG_PREFIX}{len(args) + 1})")
+            args += [a, kw]
+        return {"probes": probes, "setup": self.sandbox_setup, "args": args, "calls": True}
+
+    def request(self, values: Sequence[Any], answers: Sequence[Any] = ()) -> dict[str, Any]:
+        """What the judge gets: the setup, the checks and the encoded values the sandbox reported,
+        and the answers to the setup's calls into the solution so far."""
+        return {"setup": self.setup, "checks": self.check_sources, "values": list(values), "remote": self.remote,
+                "answers": list(answers)}
 
     def verdict(self, values: Sequence[Any]) -> bool:
         """Evaluate the checks on decoded probe values here, in this process and without limits (the
-        reward asks the judge instead: ``Sandbox.verdicts``)."""
-        return _verdict(self.setup, self.check_sources, values)
+        reward asks the judge instead: ``Sandbox.judge``). A setup calling the solution fails here."""
+        return _verdict(self.setup, self.check_sources, values, self.remote)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -216,6 +315,29 @@ def _norm_output(s: str) -> list[str]:
     while lines and not lines[-1]:
         lines.pop()
     return lines
+
+
+# The setup's calls into the solution, per test: rounds of sandbox runs, and calls in all.
+MAX_ROUNDS = 16
+MAX_CALLS = 64
+
+
+@dataclasses.dataclass
+class _Plan:
+    code: str
+    tests: list[tuple[str, Any, Any]] = dataclasses.field(default_factory=list)  # ("stdio", stdin, stdout) | ("assert", SplitTest, None)
+
+
+@dataclasses.dataclass
+class _Open:
+    """An assert test the judge has yet to decide."""
+
+    n: int  # the completion
+    test: SplitTest
+    values: list[Any]
+    answers: list[Any] = dataclasses.field(default_factory=list)
+    need: list[Any] = dataclasses.field(default_factory=list)
+    calls: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class UnitTestReward:
@@ -252,11 +374,10 @@ class UnitTestReward:
     def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
                  **kwargs: Any) -> list[float | None]:
         completions = list(completions or [])
-        plans: list[Any] = []
-        jobs: list[dict[str, Any]] = []
+        plans: list[_Plan | None] = []
         for i, c in enumerate(completions):
             try:
-                plans.append(self._plan(c, kwargs, i, jobs))
+                plans.append(self._plan(c, kwargs, i))
             except UnsplittableTestError as exc:
                 self._warn_once(str(exc))
                 plans.append(None)
@@ -265,27 +386,83 @@ class UnitTestReward:
                 plans.append(None)
         sandbox = self.sandbox
         try:
+            self._inputs(plans, sandbox)
+            ran = [n for n, plan in enumerate(plans) if plan is not None]
+            jobs = [{"code": plans[n].code,  # type: ignore[union-attr]
+                     "tests": [{"stdin": t} if kind == "stdio" else t.sandbox_test() for kind, t, _ in plans[n].tests],  # type: ignore[union-attr]
+                     "limits": self.limits} for n in ran]
             results = sandbox.map(jobs) if jobs else []
             passed = [0] * len(plans)
-            asked: list[tuple[int, dict[str, Any]]] = []
-            for n, plan in enumerate(plans):
-                for kind, test, job_index, test_index in plan or ():
-                    res = results[job_index][test_index]
+            open_: list[_Open] = []
+            for n, job_results in zip(ran, results):
+                for (kind, test, expected), res in zip(plans[n].tests, job_results):  # type: ignore[union-attr]
                     if kind == "stdio":
                         passed[n] += int(res.status == "exit" and res.code == 0 and res.ok
-                                         and _norm_output(res.stdout) == _norm_output(test))
+                                         and _norm_output(res.stdout) == _norm_output(expected))
                     elif self._reported(test, res):
-                        asked.append((n, test.request(res.values)))
-            for (n, _), ok in zip(asked, sandbox.verdicts([req for _, req in asked], self.limits)):
-                passed[n] += int(ok)
+                        open_.append(_Open(n, test, list(res.values or [])))
+            self._judge(open_, plans, passed, sandbox)
         except SandboxRefused:
             raise  # no isolation on this machine: refuse, in one line, rather than score
         except Exception as exc:
             self._warn_once(f"sandbox failed: {type(exc).__name__}: {exc}")
             return [None] * len(completions)
-        return [None if plan is None else passed[n] / len(plan) for n, plan in enumerate(plans)]
+        return [None if plan is None else passed[n] / len(plan.tests) for n, plan in enumerate(plans)]
 
-    def _plan(self, completion: Any, kwargs: Mapping[str, Any], i: int, jobs: list[dict[str, Any]]) -> list[Any] | None:
+    def _inputs(self, plans: list[_Plan | None], sandbox: Sandbox) -> None:
+        """Have the judge evaluate the inputs of the tests that read them from the setup, once per
+        test; an example with an input that is not plain data scores None."""
+        todo: dict[int, SplitTest] = {}
+        for plan in plans:
+            for kind, t, _ in plan.tests if plan else ():
+                if kind == "assert" and t.args is None:
+                    todo[id(t)] = t
+        tests = list(todo.values())
+        failed: dict[int, str] = {}
+        for t, rep in zip(tests, sandbox.judge([t.arg_request() for t in tests], self.limits) if tests else []):
+            if rep.get("ok") is True and isinstance(rep.get("values"), list) and len(rep["values"]) == len(t.arg_sources):
+                t.args = rep["values"]
+            else:
+                failed[id(t)] = (f"{t.source!r:.120}: its inputs ({', '.join(t.arg_sources)}) cannot be passed to "
+                                 f"the sandbox by value ({rep.get('error') or 'not plain data'})")
+        for n, plan in enumerate(plans):
+            for kind, t, _ in plan.tests if plan else ():
+                if kind == "assert" and id(t) in failed:
+                    self._warn_once(failed[id(t)])
+                    plans[n] = None
+                    break
+
+    def _judge(self, open_: list[_Open], plans: list[_Plan | None], passed: list[int], sandbox: Sandbox) -> None:
+        """Ask the judge about each test; where the setup's code calls the solution, run the calls it
+        needs in the sandbox and ask again, up to ``MAX_ROUNDS`` times and ``MAX_CALLS`` calls."""
+        for round_ in range(MAX_ROUNDS + 1):
+            if not open_:
+                return
+            replies = sandbox.judge([o.test.request(o.values, o.answers) for o in open_], self.limits)
+            waiting: dict[int, list[_Open]] = {}
+            for o, rep in zip(open_, replies):
+                need = rep.get("need")
+                if isinstance(need, list) and need and round_ < MAX_ROUNDS and len(o.answers) + len(need) <= MAX_CALLS:
+                    try:
+                        o.calls = o.test.calls_test(need)
+                    except (TypeError, ValueError):
+                        continue
+                    o.need = need
+                    waiting.setdefault(o.n, []).append(o)
+                elif rep.get("ok") is True:
+                    passed[o.n] += 1
+            if not waiting:
+                return
+            jobs = [{"code": plans[n].code, "tests": [o.calls for o in group], "limits": self.limits}  # type: ignore[union-attr]
+                    for n, group in waiting.items()]
+            open_ = []
+            for group, results in zip(waiting.values(), sandbox.map(jobs)):
+                for o, res in zip(group, results):
+                    if res.ok and isinstance(res.values, list) and len(res.values) == len(o.need):
+                        o.answers += [[call, value] for call, value in zip(o.need, res.values)]
+                        open_.append(o)
+
+    def _plan(self, completion: Any, kwargs: Mapping[str, Any], i: int) -> _Plan | None:
         tests = self._tests_for(kwargs, i)
         if tests is None:
             return None
@@ -303,20 +480,14 @@ class UnitTestReward:
             tests = [ast.unparse(s) for s in body if isinstance(s, ast.Assert)]
         if not isinstance(tests, (list, tuple)) or not tests:
             return None
-        code = extract_code(completion_text(completion))
-        plan = []
-        job_tests: list[dict[str, Any]] = []
+        plan = _Plan(extract_code(completion_text(completion)))
         for t in tests:
             if isinstance(t, Mapping) and "input" in t and "output" in t:
-                job_tests.append({"stdin": str(t["input"])})
-                plan.append(("stdio", str(t["output"]), len(jobs), len(job_tests) - 1))
+                plan.tests.append(("stdio", str(t["input"]), str(t["output"])))
             elif isinstance(t, str):
-                split = _split(t, setup)
-                job_tests.append({"probes": split.probes, "setup": split.sandbox_setup})
-                plan.append(("assert", split, len(jobs), len(job_tests) - 1))
+                plan.tests.append(("assert", _split(t, setup), None))
             else:
                 raise UnsplittableTestError(f"unsupported test {t!r:.80}")
-        jobs.append({"code": code, "tests": job_tests, "limits": self.limits})
         return plan
 
     @staticmethod
