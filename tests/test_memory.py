@@ -109,8 +109,14 @@ def test_recipe_7b_on_one_80gb_gpu_does_not_fit_and_names_the_levers():
     assert est.fits is False
     f = est.finding()
     assert f.detector == "config_memory" and f.severity == "critical"
-    for lever in ("vllm_enable_sleep_mode", "8-bit", "ZeRO", "per_device_train_batch_size", "bfloat16"):
-        assert lever in f.message, lever
+    # The fix climbs the ladder rung by rung, each sized on the whole estimate, the policy's dtype among them.
+    assert [r["remedy"] for r in est.ladder] == ["vllm_sleep_mode", "bf16_weights", "low_bit_optimizer"]
+    assert f.config_overrides == {"vllm_enable_sleep_mode": True, "model_init_kwargs": {"dtype": "bfloat16"},
+                                  "optim": "paged_adamw_8bit"}
+    peaks = [est.peak] + [r["peak_bytes"] for r in est.ladder]
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks)  # every rung lowers the peak
+    for text in ("vllm_enable_sleep_mode", "8-bit", "bfloat16", "leaving at least 10% free"):
+        assert text in f.message, text
     lean = estimate(dict(RECIPE, model_init_kwargs={"dtype": "bfloat16"}, optim="paged_adamw_8bit",
                          vllm_enable_sleep_mode=True), QWEN25_7B, num_devices=1, device_memory_gib=80)
     assert lean.fits is True and lean.finding() is None

@@ -255,6 +255,32 @@ ARCHITECTURES: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
+# One published hub id per entry of ARCHITECTURES, in its order: what the table is checked against (each id
+# is found by its own entry, first), and the models lint's memory plan is tried on.
+ARCHITECTURE_EXAMPLES: tuple[str, ...] = (
+    "Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B",
+    "Qwen/Qwen3-14B", "Qwen/Qwen3-32B",
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B",
+    "deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "deepseek-ai/DeepSeek-R1-Distill-Llama-70B",
+    "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
+    "Qwen/Qwen2.5-14B-Instruct", "Qwen/Qwen2.5-32B-Instruct", "Qwen/Qwen2.5-72B-Instruct",
+    "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.1-8B-Instruct",
+    "meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-13b-hf",
+    "meta-llama/Llama-2-70b-hf",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1", "mistralai/Mixtral-8x22B-Instruct-v0.1", "mistralai/Mistral-7B-Instruct-v0.3",
+    "mistralai/Mistral-7B-v0.1", "mistralai/Mistral-Nemo-Instruct-2407", "mistralai/Mistral-Small-24B-Instruct-2501",
+    "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+    "google/gemma-3-1b-it", "google/gemma-3-4b-it", "google/gemma-3-12b-it", "google/gemma-3-27b-it",
+    "google/gemma-2-2b-it", "google/gemma-2-9b-it", "google/gemma-2-27b-it", "google/gemma-2b", "google/gemma-7b",
+    "microsoft/Phi-4-mini-instruct", "microsoft/phi-4", "microsoft/Phi-3.5-mini-instruct",
+    "microsoft/Phi-3-medium-4k-instruct",
+    "deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/deepseek-math-7b-instruct",
+    "deepseek-ai/deepseek-coder-6.7b-instruct",
+    "openai/gpt-oss-20b", "openai/gpt-oss-120b",
+)
+
+
 def config_from_model_id(model_id: Any) -> dict[str, Any] | None:
     """The config shape of a common architecture named by its hub id (``Qwen/Qwen2.5-7B-Instruct``), as
     a ``config.json`` dict naming it in ``_name_or_path``; None for an id the table does not know.

@@ -3,7 +3,8 @@
 ``lint(config, ...)`` returns ``config_*`` findings (the same records the detectors raise, at
 step 0): each names the rule it breaks, the fix as a config diff and the numbers behind it.
 It runs at train start (``lint_trainer``) and on a saved configuration
-(``grpo-monitor lint config.yaml | run_dir``).
+(``grpo-monitor lint config.yaml | run_dir | output_dir``: a Trainer output_dir is linted from the config its
+grpo-monitor run recorded, as ``analyze`` and ``watch`` read it).
 
 Rules (severity): ``config_num_generations`` (warning: fewer than 8 completions per prompt make a noisier
 baseline; a deviation from the recipe that does not break the run),
@@ -15,16 +16,19 @@ server on several), ``config_vllm_cpu`` (critical: vLLM on a run judged for CPU)
 or sequence-level ratio that cannot act on-policy), ``config_moe_gspo`` (warning: an MoE model
 not on GSPO), ``config_vlm`` (warning: out of the recipe's scope), ``config_logging_steps`` (info:
 coarser detection), ``config_max_completion_length`` (warning: most completions truncated),
-``config_bf16`` (critical: bf16 where the device has none), ``config_memory`` (from the memory
-estimate: critical when it will not fit, warning within 10%; its diff climbs the memory remediation
-ladder, ``detectors.memory_pressure.memory_ladder``, rung by rung until the estimate fits;
+``config_bf16`` (critical: bf16 where the device has none), ``config_unknown_key`` (critical: a key TRL's
+parser refuses, with the nearest field; ``trl_fields``), ``config_memory`` (from the memory
+estimate: critical when it will not fit, warning within 10%; its diff is ``memory.fit_plan``'s, the ladder
+climbed on the whole estimate until 10% of the device is free, so applying it and linting again leaves no
+memory finding; no diff, and one critical, where no setting fits one device;
 ``config_memory_unchecked``, info, when a GPU run's memory could not be sized: no model shape, or no device
 memory), ``config_unified_memory`` (info: decode-heavy rollouts on a device sharing its memory with the CPU,
 DGX Spark / GB10 or Grace-Hopper, with the least decode time its bandwidth allows). The vLLM pre-flight: ``config_vllm_off``
 (warning: no vLLM on a multi-GPU CUDA run), ``config_vllm_is_correction`` (warning: the
 importance-sampling correction turned off), ``config_vllm_server_host`` (warning: server mode with
 no address to connect to), ``config_vllm_memory`` (critical: vLLM's colocated share cannot hold the
-model; warning: it leaves training too little). ``config_moe_gspo`` also knows well-known MoE
+model; its fix is the memory plan's share, so the two never disagree; a share that leaves training too little
+is ``config_memory``'s to resolve). No two findings carry different values for one flag. ``config_moe_gspo`` also knows well-known MoE
 hub ids when no local model config is at hand.
 
 A recipe is judged for the device it is written for (``recipe_device``): one that sets bf16, vLLM,
@@ -33,8 +37,8 @@ only a config that names no GPU setting (or an explicit ``device_kind='cpu'``) i
 
 >>> ids = [f.detector for f in lint({"num_generations": 4, "learning_rate": 5e-7, "beta": 0.01,
 ...     "logging_steps": 1}, reward_names=["format_reward", "correctness_reward"], device_kind="cuda")]
->>> ids
-['config_num_generations']
+>>> ids  # no model: its memory could not be sized, and lint says so
+['config_num_generations', 'config_memory_unchecked']
 """
 
 from __future__ import annotations
@@ -54,11 +58,11 @@ from grpo_monitor.detectors.base import Finding
 from grpo_monitor.detectors.numbers import finite
 from grpo_monitor.detectors.variants import checkpointing
 from grpo_monitor.preflight.memory import (
-    DEFAULT_PROMPT_LENGTH,
     GRPO_DEFAULTS,
     config_dict,
     estimate,
     model_shape,
+    vllm_needs,
     with_grpo_defaults,
 )
 
@@ -80,8 +84,9 @@ GPU_OPTIMIZER_HINTS = ("bnb", "8bit", "4bit", "paged")  # bitsandbytes / torchao
 # A model this large (about 2 GB in bf16) with gradient checkpointing asked for is a GPU run.
 LARGE_MODEL_PARAMETERS = 1_000_000_000
 
-# vLLM needs room for a CUDA graph / activation workspace beside weights and KV cache.
-VLLM_WORKSPACE_GIB = 1.0
+# The recipe's learning rate is sized for billion-parameter policies; a model this small (the demo's, a
+# test fixture) takes far larger steps, so lint never advises it the recipe's rate.
+SMALL_MODEL_PARAMETERS = 100_000_000
 # Completions this long make a rollout decode-heavy: decode, bound by memory bandwidth, dominates it.
 DECODE_HEAVY_TOKENS = 1024
 
@@ -206,6 +211,7 @@ def lint(
     details: dict[str, Any] | None = None,
     device_facts: Mapping[str, Any] | None = None,
     model_note: str | None = None,
+    check_keys: bool = True,
 ) -> list[Finding]:
     """Check a GRPO configuration against the recipe; returns ``config_*`` findings at step 0.
 
@@ -225,10 +231,19 @@ def lint(
     A run judged for a GPU whose memory cannot be checked (no model shape, or no device memory) gets
     ``config_memory_unchecked`` (info, with ``model_note`` saying why there is no shape): a lint never
     passes a recipe as fitting without having sized it.
+    A config given as a mapping has its keys read as TRL reads a recipe (``trl_fields.read_keys``, with
+    ``check_keys``; a run header's config was a real GRPOConfig of the TRL that ran it, so it is not): a
+    key TRL refuses is a ``config_unknown_key`` critical naming the nearest field, and it is left out of
+    every other check, the memory estimate included.
     """
     raw = config_dict(config)
-    cfg = with_grpo_defaults(raw)
     out: list[Finding] = []
+    if check_keys and isinstance(config, Mapping):
+        raw, key_findings, keys = _read_keys(raw)
+        out.extend(key_findings)
+        if details is not None:
+            details["keys"] = keys
+    cfg = with_grpo_defaults(raw)
     shape = _safe_shape(model)
 
     # the group baseline needs at least 8 samples
@@ -281,7 +296,10 @@ def lint(
     # learning rate and beta: start from the recipe on a first run
     if first_run:
         lr = finite(cfg["learning_rate"])
-        if lr is not None and _far(lr, RECIPE_LEARNING_RATE):
+        params = finite(shape.get("num_parameters"))
+        # For a small model the recipe's rate is a floor at most: never advise it a rate below its own.
+        small = params is not None and params < SMALL_MODEL_PARAMETERS
+        if lr is not None and _far(lr, RECIPE_LEARNING_RATE) and not (small and lr > RECIPE_LEARNING_RATE):
             out.append(_finding(
                 "learning_rate", "info",
                 f"learning_rate={lr:g} is more than {FAR_FACTOR:g}x away from the recipe's {RECIPE_LEARNING_RATE:g}; "
@@ -448,7 +466,7 @@ def lint(
         f = unified_memory_finding(cfg, shape, device_facts, est)
         if f is not None:
             out.append(f)
-    return out
+    return _one_value_per_flag(_one_memory_verdict(out))
 
 
 def unified_memory_finding(cfg: Mapping[str, Any], shape: Mapping[str, Any], device_facts: Mapping[str, Any],
@@ -553,52 +571,104 @@ def _vllm_checks(cfg: Mapping[str, Any], raw: Mapping[str, Any], shape: Mapping[
 
 def _vllm_memory(cfg: Mapping[str, Any], shape: Mapping[str, Any], mem_gib: float, prompt_length: int | None,
                  est: Any) -> Finding | None:
-    """vLLM's colocated share against what it must hold, and against what training leaves it."""
+    """vLLM's colocated share against what the engine needs to start (``memory.vllm_needs``). Its fix is the
+    memory plan's share (``memory.fit_plan``, solved against the whole estimate), so it and ``config_memory``
+    never name two values for it; where the plan needs more than the share to fit, the fix carries that too."""
     gib = 1024**3
     util = finite(cfg.get("vllm_gpu_memory_utilization")) or 0.3
-    tp = max(1, int(finite(cfg.get("vllm_tensor_parallel_size")) or 1))
-    weights = 2.0 * float(shape["num_parameters"]) / tp  # the engine serves bf16/fp16 weights
-    layers, kv_heads, head_dim = (int(finite(shape.get(k)) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
-    seq = (int(prompt_length or finite(cfg.get("max_prompt_length")) or DEFAULT_PROMPT_LENGTH)
-           + int(finite(cfg.get("max_completion_length")) or 0))
-    kv_token = 2 * layers * kv_heads * head_dim * 2 / tp
-    batch = int(finite(cfg.get("per_device_train_batch_size")) or 8) * int(
-        finite(cfg.get("steps_per_generation")) or finite(cfg.get("gradient_accumulation_steps")) or 1)
-    need_min = weights + kv_token * seq + VLLM_WORKSPACE_GIB * gib
-    need_batch = weights + kv_token * seq * batch + VLLM_WORKSPACE_GIB * gib
+    need = vllm_needs(cfg, shape, mem_gib, prompt_length)
+    if need is None or util >= need["floor_util"]:
+        return None
     share = util * mem_gib * gib
     ev: dict[str, Any] = {"vllm_gpu_memory_utilization": util, "vllm_share_gib": round(share / gib, 2),
-                          "engine_weights_gib": round(weights / gib, 2), "kv_cache_per_sequence_gib": round(kv_token * seq / gib, 3),
-                          "generation_batch": batch, "device_memory_gib": mem_gib}
-    sleep = bool(cfg.get("vllm_enable_sleep_mode"))
-    trainer_needs = None
-    if est is not None:  # the lint's one estimate; without it the share is judged against vLLM's needs only
-        trainer_needs = est.train_phase - (0 if sleep else int(share))
-        ev["training_needs_gib"] = round(trainer_needs / gib, 2)
-    room = None if trainer_needs is None else (1.0 - trainer_needs / (mem_gib * gib)) if not sleep else 0.95
-    want = min(0.95, math.ceil(100 * need_batch / (mem_gib * gib)) / 100)
-    if share < need_min:
-        fix = min(0.95, math.ceil(100 * need_min / (mem_gib * gib)) / 100)
-        fix = max(fix, min(want, room if room is not None else want))
-        ev["needed_gib"] = round(need_min / gib, 2)
-        return _finding(
-            "vllm_memory", "critical",
-            f"vllm_gpu_memory_utilization={util:g} gives vLLM {share / gib:.1f} GiB of the {mem_gib:g} GiB device, "
-            f"less than the model's weights ({weights / gib:.1f} GiB) plus one sequence's KV cache and its workspace "
-            f"({need_min / gib:.1f} GiB): vLLM will not start. Raise it to {fix:g}"
-            + ("" if room is None or fix <= room else " and free the training side (vllm_enable_sleep_mode=True)") + ".",
-            ev, {"vllm_gpu_memory_utilization": fix} if room is None or fix <= room or sleep else
-            {"vllm_gpu_memory_utilization": fix, "vllm_enable_sleep_mode": True})
-    if room is not None and room < util and not sleep and room >= need_min / (mem_gib * gib):
-        fix = math.floor(100 * room) / 100
-        ev["largest_share_training_leaves"] = round(room, 3)
-        return _finding(
-            "vllm_memory", "warning",
-            f"vllm_gpu_memory_utilization={util:g} reserves {share / gib:.1f} GiB for vLLM, but training needs "
-            f"{trainer_needs / gib:.1f} GiB of the {mem_gib:g} GiB beside it: lower it to {fix:g} (vLLM still holds its "
-            "weights and KV cache), or free it during training with vllm_enable_sleep_mode=True.",
-            ev, {"vllm_gpu_memory_utilization": fix})
-    return None
+                          "engine_weights_gib": round(need["weights"] / gib, 2),
+                          "kv_cache_per_sequence_gib": round(need["kv_per_sequence"] / gib, 3),
+                          "generation_batch": need["generation_batch"], "device_memory_gib": mem_gib,
+                          "needed_gib": round(need["need_min"] / gib, 2), "least_share": need["floor_util"]}
+    plan = getattr(est, "plan", None) or {}
+    message = (f"vllm_gpu_memory_utilization={util:g} gives vLLM {share / gib:.1f} GiB of the {mem_gib:g} GiB device, "
+               f"less than the model's weights ({need['weights'] / gib:.1f} GiB) plus one sequence's KV cache and its "
+               f"workspace ({need['need_min'] / gib:.1f} GiB): vLLM will not start.")
+    if not need["possible"] or plan.get("status") == "none":
+        ev["plan"] = "none"
+        return _finding("vllm_memory", "critical", message + " No share of this device holds it beside training "
+                        "(config_memory says what it needs).", ev)
+    overrides = dict(plan.get("overrides") or {})
+    fix = overrides.get("vllm_gpu_memory_utilization", need["floor_util"])
+    overrides.setdefault("vllm_gpu_memory_utilization", fix)
+    extra = [k for k in overrides if k != "vllm_gpu_memory_utilization"]
+    message += f" Raise it to {fix:g}" + (
+        f", with what the run then needs to fit the device ({', '.join(extra)}; config_memory sizes it)" if extra else "") + "."
+    return _finding("vllm_memory", "critical", message, ev, overrides)
+
+
+def _one_memory_verdict(findings: list[Finding]) -> list[Finding]:
+    """One memory verdict per recipe: where ``config_memory`` carries the fix, ``config_vllm_memory`` keeps
+    only its share (the same value), and where nothing fits, the one critical saying so is config_memory's."""
+    mem = next((f for f in findings if f.detector == "config_memory"), None)
+    vllm = next((f for f in findings if f.detector == "config_vllm_memory"), None)
+    if mem is None or vllm is None:
+        return findings
+    if mem.evidence.get("plan") == "none":
+        return [f for f in findings if f is not vllm]
+    share = mem.config_overrides.get("vllm_gpu_memory_utilization")
+    if share is not None:
+        vllm.config_overrides = {"vllm_gpu_memory_utilization": share}
+    return findings
+
+
+# Which finding's value stands when two name one flag: the memory plan (solved on the whole estimate), then
+# by severity.
+_SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _one_value_per_flag(findings: list[Finding]) -> list[Finding]:
+    """Never two findings with different values for one flag: the value of the finding ranked first
+    (``config_memory``, then the most severe) stands, and the others are told so in their fix."""
+    ranked = sorted(findings, key=lambda f: (f.detector != "config_memory", _SEVERITY_RANK.get(f.severity, 3)))
+    chosen: dict[str, tuple[Any, str]] = {}
+    for f in ranked:
+        for key, value in list(f.config_overrides.items()):
+            if key not in chosen:
+                chosen[key] = (value, f.detector)
+            elif chosen[key][0] != value:
+                f.config_overrides[key] = chosen[key][0]
+                f.evidence.setdefault("resolved", {})[key] = {"wanted": value, "set_by": chosen[key][1]}
+    return findings
+
+
+def _read_keys(raw: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], dict[str, Any]]:
+    """The config's keys as TRL reads them: refused keys as criticals (and left out), values as TRL parses them."""
+    from grpo_monitor.preflight.trl_fields import read_keys
+
+    keys = read_keys(raw)
+    out = []
+    drop = set()
+    for r in keys["refused"]:
+        key, near = r["key"], r.get("nearest")
+        drop.add(key)
+        if "choices" in r:
+            hint = f"; did you mean {near}?" if near else f"; it takes one of {', '.join(r['choices'])}"
+            message = f"{key}={r['value']!r}: {r['why']}{hint} TRL does not run the recipe with it."
+        elif r["why"].startswith("TRL's parser cannot read"):
+            message = f"{key}={r['value']!r}: {r['why']}; TRL refuses the recipe before it starts."
+        else:
+            if r.get("typo"):
+                hint, todo = f"; did you mean {near}?", f"Rename it to {near}."
+            elif r.get("removed"):
+                hint = f": {r['removed']}"
+                todo = "Remove it."
+            else:
+                hint = f"; the nearest field is {near}" if near else ""
+                todo = "Remove it, or name the field you meant."
+            first = f"{key}: {r['why']}{hint}"
+            message = (first + ("" if first.endswith("?") else ".") + " TRL's parser stops on it (Unknown arguments "
+                       f"from config file: ['--{key}', ...]), so the recipe does not run. {todo}")
+        out.append(_finding("unknown_key", "critical", message,
+                            {"key": key, "value": r.get("value"), "nearest": near, "read_by": keys["how"],
+                             "trl_version": keys["trl_version"], **({"choices": r["choices"]} if "choices" in r else {})}))
+    cleaned = {k: keys["values"].get(k, v) for k, v in raw.items() if k not in drop and k != "env"}
+    return cleaned, out, {k: v for k, v in keys.items() if k not in ("values",)}
 
 
 def _safe_shape(model: Any) -> dict[str, Any]:
@@ -725,14 +795,19 @@ def _first_steps_clipped(steps: list[dict[str, Any]], n: int = 5) -> float | Non
 def lint_path(path: str | os.PathLike[str], **kwargs: Any) -> tuple[list[Finding], dict[str, Any]]:
     """Lint a config file or a run directory; returns (findings, context used: ``source``, ``config``,
     ``model``, and ``lint``'s ``details``: the device judged for and the memory ``estimate``)."""
-    from grpo_monitor.core.runlog import RunLogError, is_run_dir, read_run
+    from grpo_monitor.core.runlog import RunLogError, read_run
 
     p = Path(path)
     model = kwargs.pop("model", None)
     ctx: dict[str, Any] = {"source": str(p)}
     if p.is_dir() or p.name == "run.jsonl":
-        if not is_run_dir(p.parent if p.name == "run.jsonl" else p):
-            raise LintInputError(f"{p}: not a config file or grpo-monitor run directory (no run.jsonl)")
+        run = _run_dir_of(p.parent if p.name == "run.jsonl" else p)
+        if run is None:
+            raise LintInputError(f"{p}: not a config file, a grpo-monitor run directory (no run.jsonl) or a Trainer "
+                                 "output_dir holding one (<output_dir>/grpo-monitor/run.jsonl)")
+        if run != p and run != p.parent:
+            ctx["run_dir"] = str(run)
+            p = run
         try:
             log = read_run(p)
         except RunLogError as exc:
@@ -745,6 +820,8 @@ def lint_path(path: str | os.PathLike[str], **kwargs: Any) -> tuple[list[Finding
         kwargs.setdefault("reward_names", header.get("reward_funcs"))
         kwargs.setdefault("num_devices", header.get("world_size"))
         kwargs.setdefault("first_run", not header.get("parent_run"))
+        # A real GRPOConfig of the TRL that ran it: its keys are that TRL's fields, whatever is installed here.
+        kwargs.setdefault("check_keys", False)
         if isinstance(header.get("device"), Mapping):  # the GPU the run trained on, as NVML reported it
             kwargs["device_facts"] = header["device"]
         if kwargs.get("completion_lengths") is None and kwargs.get("clipped_ratio") is None:
@@ -778,6 +855,27 @@ def lint_path(path: str | os.PathLike[str], **kwargs: Any) -> tuple[list[Finding
     findings = lint(cfg, model=model, details=details, model_note=note, **kwargs)
     ctx.update(details)
     return findings, ctx
+
+
+def _run_dir_of(p: Path) -> Path | None:
+    """The grpo-monitor run directory ``p`` names, as ``analyze`` and ``watch`` read it: ``p`` itself, or the one
+    run a Trainer output_dir holds (``<output_dir>/grpo-monitor/``, or the only run found under it)."""
+    from grpo_monitor.core.runlog import is_run_dir
+
+    if is_run_dir(p):
+        return p
+    if not p.is_dir():
+        return None
+    if is_run_dir(p / "grpo-monitor"):
+        return p / "grpo-monitor"
+    from grpo_monitor.analysis.discovery import discover_runs
+
+    try:
+        runs = discover_runs(p)
+    except OSError:
+        return None
+    found = [r for r in runs or [] if is_run_dir(r)]
+    return found[0] if len(found) == 1 else None
 
 
 def _model_of(name: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str]:
@@ -820,7 +918,8 @@ def _local_columns(path: Path) -> dict[str, Any] | None:
 
 def add_lint_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("path", metavar="CONFIG_OR_RUN",
-                        help="a TRL-style YAML/JSON config (trl grpo --config) or a grpo-monitor run directory")
+                        help="a TRL-style YAML/JSON config (trl grpo --config), a grpo-monitor run directory, or a "
+                             "Trainer output_dir holding one")
     parser.add_argument("--model", default=None,
                         help="model directory or config.json for the memory estimate (default: model_name_or_path)")
     parser.add_argument("--num-devices", type=int, default=None, help="training GPUs (default: 1, or the run's world size)")
@@ -873,10 +972,14 @@ def run_lint_cli(args: argparse.Namespace) -> int:
                           "note": note},
                "model": {"shape_from": ctx.get("model_source")} if ctx.get("model_source") else None,
                "findings": [f.to_dict() for f in findings],
+               "keys": {"read_by": (ctx.get("keys") or {}).get("how")} if ctx.get("keys") else None,
+               "run_dir": ctx.get("run_dir"),
+               "fix": fix_flags(_all_overrides(findings)) or None,
                "memory": est.to_dict() if est is not None else None}
         print(json.dumps(doc, indent=2, default=str))
     else:
-        print(format_report(ctx["source"], findings, est, note=note, model_source=ctx.get("model_source")))
+        print(format_report(ctx["source"], findings, est, note=note, model_source=ctx.get("model_source"),
+                            keys_how=(ctx.get("keys") or {}).get("how"), run_dir=ctx.get("run_dir")))
     return ExitCode.FINDINGS if critical else ExitCode.CLEAN
 
 
@@ -889,23 +992,50 @@ def device_note(details: Mapping[str, Any]) -> str | None:
             f"{here}: `--device cpu` judges it for this machine")
 
 
+def _all_overrides(findings: Sequence[Finding]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in findings:
+        out.update(f.config_overrides)
+    return out
+
+
+def fix_flags(overrides: Mapping[str, Any]) -> str:
+    """A fix as TRL command-line flags; a dict field (``model_init_kwargs``) as the JSON string GRPOConfig parses,
+    quoted for the shell."""
+    import shlex
+
+    from grpo_monitor.core.recommend import cli_flags
+
+    words = []
+    for key, value in overrides.items():
+        if isinstance(value, Mapping):
+            words.append(f"--{key} {shlex.quote(json.dumps(dict(value)))}")
+        else:
+            words.append(cli_flags({key: value}))
+    return " ".join(words)
+
+
 def format_report(source: str, findings: Sequence[Finding], est: Any = None, note: str | None = None,
-                  model_source: str | None = None) -> str:
+                  model_source: str | None = None, keys_how: str | None = None, run_dir: str | None = None) -> str:
+    from grpo_monitor.preflight.trl_fields import FALLBACK_VERSION
+
     lines = [f"grpo-monitor lint: {source}"]
     if note:
         lines.append(f"  {note}")
     if model_source and est is not None:
         lines.append(f"  model shape from {model_source}")
+    if run_dir:
+        lines.append(f"  the run's recorded config, from {run_dir}")
     if not findings:
         # Only a run whose memory was checked gets here without a finding (config_memory_unchecked otherwise).
         fits = " and fits its device's memory (the estimate below)" if est is not None and est.fits else ""
         lines.append(f"  no findings: the configuration follows the recipe{fits}")
+    if keys_how and keys_how.startswith(f"TRL {FALLBACK_VERSION}'s field names"):
+        lines.append(f"  keys checked against {keys_how}")
     for f in findings:
         lines.append(f"  [{f.severity}] {f.detector}: {f.message}")
         if f.config_overrides:
-            from grpo_monitor.core.recommend import cli_flags
-
-            lines.append(f"      fix: {cli_flags(f.config_overrides)}")
+            lines.append(f"      fix: {fix_flags(f.config_overrides)}")
     if est is not None:
         lines.append("")
         lines.append("memory per device (estimate):")

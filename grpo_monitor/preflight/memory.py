@@ -47,7 +47,9 @@ TIGHT_FRACTION = 0.9
 # How the config_memory finding names each rung of the memory ladder.
 LADDER_TITLES = {
     "vllm_sleep_mode": "vLLM sleep mode frees the vLLM share during training",
+    "raise_vllm_gpu_memory_utilization": "a vLLM share that holds the model",
     "lower_vllm_gpu_memory_utilization": "a smaller vLLM share",
+    "bf16_weights": "load the weights in bfloat16",
     "gradient_checkpointing": "gradient checkpointing",
     "low_bit_optimizer": "8-bit paged AdamW states",
     "smaller_micro_batch": "fewer completions per micro-batch, the same batch",
@@ -319,6 +321,10 @@ class MemoryEstimate:
     levers: list[str] = field(default_factory=list)
     # The memory remediation ladder sized rung by rung (``estimate``): diff, why, and the peak with it.
     ladder: list[dict[str, Any]] = field(default_factory=list)
+    # ``fit_plan``'s answer: the rungs that make the run fit with headroom, or why none does.
+    plan: dict[str, Any] | None = None
+    # What no GRPOConfig flag of a one-device recipe does: sharding, more devices, dropping the reference model.
+    beyond: list[str] = field(default_factory=list)
 
     @property
     def peak(self) -> int:
@@ -347,6 +353,7 @@ class MemoryEstimate:
             "assumptions": list(self.assumptions),
             "levers": list(self.levers),
             "ladder": [dict(r) for r in self.ladder],
+            "plan": ({k: v for k, v in self.plan.items() if k != "rungs"} if self.plan is not None else None),
         }
 
     def table(self) -> str:
@@ -365,36 +372,64 @@ class MemoryEstimate:
                          f"({100 * self.peak / self.device_memory:.0f}% of the device)")
         for a in self.assumptions:
             lines.append(f"assumed: {a}")
-        if self.ladder:
-            lines.append("memory ladder, in order (peak with each rung and the ones above it):")
-            for i, r in enumerate(self.ladder, 1):
-                lines.append(f"  {i}. {ladder_text([r])[3:]} -> {_gib(r['peak_bytes'])} GiB: {r['why']}")
+        if self.plan is not None and self.device_memory:
+            lines.extend(self._plan_lines())
         return "\n".join(lines)
 
+    def _plan_lines(self) -> list[str]:
+        plan, mem = self.plan or {}, self.device_memory or 1
+        status = plan.get("status")
+        if status == "as_written":
+            return []
+        lines = []
+        if self.ladder:
+            lines.append("memory ladder, in order (peak with each rung and the ones above it):")
+            before = self.peak
+            for i, r in enumerate(self.ladder, 1):
+                lines.append(f"  {i}. {ladder_text([r])[3:]}: {_gib(before)} -> {_gib(r['peak_bytes'])} GiB "
+                             f"({100 * r['peak_bytes'] / mem:.0f}%): {r['why']}")
+                before = r["peak_bytes"]
+        if status == "fits":
+            lines.append(f"with the fix: {_gib(plan['peak_bytes'])} GiB, {100 * plan['peak_bytes'] / mem:.0f}% of the "
+                         f"device ({100 * (1 - plan['headroom']):.0f}% or more left free)")
+        elif status == "tight":
+            lines.append(f"with every rung: {_gib(plan['peak_bytes'])} GiB, {100 * plan['peak_bytes'] / mem:.0f}% of "
+                         f"the device: it fits, with less than {100 * (1 - plan['headroom']):.0f}% free")
+        elif status == "none":
+            lines.append(f"nothing in the ladder makes it fit one device: {plan.get('reason')}")
+        return lines
+
     def finding(self, step: int = 0) -> Any:
-        """A ``config_memory`` Finding when the run will not fit (critical) or is within 10% (warning)."""
+        """A ``config_memory`` Finding when the run will not fit (critical) or is within 10% (warning).
+
+        Its diff is ``fit_plan``'s: the rungs that bring the peak under 90% of the device, in the ladder's
+        order, each sized on the whole estimate, so applying it and sizing again needs nothing more. Where no
+        rung makes the run fit one device it says so and carries no diff."""
         from grpo_monitor.detectors.base import Finding
 
         if self.device_memory is None or not (self.tight or self.fits is False):
             return None
         over = self.fits is False
+        plan = self.plan or {"status": "none", "overrides": {}, "reason": "not sized", "peak_bytes": self.peak}
+        status = plan["status"]
+        mem = self.device_memory
         msg = (f"Estimated peak {_gib(self.peak)} GiB per device "
-               f"{'exceeds' if over else 'is within 10% of'} the {_gib(self.device_memory)} GiB available. "
-               f"Levers: {'; '.join(self.levers)}.")
-        # The diff: the ladder climbed, in order, up to the first rung that leaves 10% of the device free
-        # (else the first that fits, else all of it).
-        overrides: dict[str, Any] = {}
-        climbed = 0
-        roomy = next((i for i, r in enumerate(self.ladder) if r["peak_bytes"] <= TIGHT_FRACTION * self.device_memory), None)
-        fits = next((i for i, r in enumerate(self.ladder) if r["fits"]), None)
-        upto = roomy if roomy is not None else fits if fits is not None else len(self.ladder) - 1
-        for r in self.ladder[: upto + 1]:
-            overrides.update(r["overrides"])
-            climbed += 1
-        if climbed:
-            last = self.ladder[upto]
-            msg += (f" The ladder's first {climbed} rung{'s' if climbed > 1 else ''} bring{'' if climbed > 1 else 's'} "
-                    f"it to {_gib(last['peak_bytes'])} GiB" + ("" if last["fits"] else ", still too much") + ".")
+               f"{'exceeds' if over else 'is within 10% of'} the {_gib(mem)} GiB available.")
+        steps = "; ".join(f"{LADDER_TITLES.get(r['remedy'], r['remedy'])} ({ladder_text([r])[3:]}) -> "
+                          f"{_gib(r['peak_bytes'])} GiB" for r in self.ladder)
+        beyond = self.beyond or ["a larger device"]
+        if status == "fits":
+            msg += (f" The fix, rung by rung: {steps}: {_gib(plan['peak_bytes'])} GiB, "
+                    f"{100 * plan['peak_bytes'] / mem:.0f}% of the device, leaving at least "
+                    f"{100 * (1 - plan['headroom']):.0f}% free.")
+        elif status == "tight":
+            msg += ((f" Every rung that helps ({steps}) brings it to " if steps else " Nothing in the ladder is left: ")
+                    + f"{_gib(plan['peak_bytes'])} GiB, {100 * plan['peak_bytes'] / mem:.0f}% of the device: it fits "
+                    f"with less than {100 * (1 - plan['headroom']):.0f}% free. More room needs: {'; '.join(beyond)}.")
+        else:
+            msg = (f"Estimated peak {_gib(self.peak)} GiB per device: it does not fit one {_gib(mem)} GiB device, "
+                   f"and no setting of this recipe makes it fit: {plan.get('reason')}. It needs: {'; '.join(beyond)}.")
+        overrides = dict(plan.get("overrides") or {}) if status in ("fits", "tight") else {}
         return Finding(
             detector="config_memory",
             severity="critical" if over else "warning",
@@ -402,9 +437,10 @@ class MemoryEstimate:
             onset_step=None,
             variant=None,
             config_overrides=overrides,
-            evidence={"peak_bytes": self.peak, "device_memory_bytes": self.device_memory,
+            evidence={"peak_bytes": self.peak, "device_memory_bytes": mem,
                       "terms": dict(self.terms), "train_phase": self.train_phase,
-                      "generation_phase": self.generation_phase,
+                      "generation_phase": self.generation_phase, "plan": status,
+                      "plan_peak_bytes": plan.get("peak_bytes"), "headroom": plan.get("headroom"),
                       "ladder": [{"remedy": r["remedy"], "overrides": dict(r["overrides"]), "peak_bytes": r["peak_bytes"]}
                                  for r in self.ladder],
                       **({"remedy": "config_memory"} if overrides else {})},
@@ -530,9 +566,8 @@ def estimate(
     installed TRL scores through its tiled LM head (1.16+). ``device_kind='cpu'`` drops the CUDA
     runtime overhead.
 
-    With the device memory known, ``ladder`` holds the memory remediation ladder
-    (``detectors.memory_pressure.memory_ladder``) sized rung by rung: each rung's diff and the peak
-    with it and every rung before it applied.
+    With the device memory known, ``plan`` is ``fit_plan``'s answer and ``ladder`` its rungs: each rung's
+    diff and the peak with it and every rung before it applied.
     """
     raw = config_dict(config)
     shape = model_shape(model_facts_or_model)
@@ -540,11 +575,9 @@ def estimate(
                    attn_implementation=attn_implementation, fused_lm_head=fused_lm_head, device_kind=device_kind)
     est = _size(raw, shape, **options)
     if est.device_memory is not None:
-        applied: dict[str, Any] = {}
-        for rung in memory_ladder(with_grpo_defaults(raw)):
-            applied.update(rung["overrides"])
-            after = _size({**raw, **applied}, shape, **options)
-            est.ladder.append({**rung, "peak_bytes": after.peak, "fits": bool(after.fits)})
+        plan = fit_plan(raw, shape, **options)
+        est.ladder = plan["rungs"]
+        est.plan = plan
     return est
 
 
@@ -560,8 +593,7 @@ def _size(raw: dict[str, Any], shape: dict[str, Any], *, num_devices: int | None
     P = int(shape.get("num_parameters") or 0)
     P_train = int(shape.get("trainable_parameters") or P)
     # TRL loads a model given by name in float32 unless model_init_kwargs names a dtype.
-    init = cfg.get("model_init_kwargs") or {}
-    init_dtype = init.get("dtype") or init.get("torch_dtype") if isinstance(init, Mapping) else None
+    init_dtype = weights_dtype(cfg)
     if shape.get("measured"):
         w_bytes = dtype_bytes(shape.get("dtype"))
     elif init_dtype and str(init_dtype) != "auto":
@@ -716,16 +748,244 @@ def _size(raw: dict[str, Any], shape: dict[str, Any], *, num_devices: int | None
     # The ladder's rungs first, in its order (each a GRPOConfig diff), then what no single flag does.
     levers = [f"{LADDER_TITLES.get(r['remedy'], r['remedy'])} ({ladder_text([r])[3:]})" for r in memory_ladder(cfg)]
     if w_bytes == 4 and not shape.get("measured"):
-        levers.append("load the weights in bfloat16 (model_init_kwargs={'dtype': 'bfloat16'})")
+        levers.append(f"{LADDER_TITLES['bf16_weights']} (model_init_kwargs={{'dtype': 'bfloat16'}})")
+    beyond: list[str] = []
     if n_dev > 1 and stage < 3 and "full_shard" not in fsdp:
-        levers.append(f"ZeRO-2/3 or FSDP full_shard across the {n_dev} devices (deepspeed=... / fsdp='full_shard')")
+        beyond.append(f"ZeRO-2/3 or FSDP full_shard across the {n_dev} devices (deepspeed=... / fsdp='full_shard')")
     elif n_dev == 1:
-        levers.append("more devices with ZeRO-3 / FSDP full_shard, or ZeRO offload of optimizer states")
+        beyond.append("more devices with ZeRO-3 / FSDP full_shard, or ZeRO offload of optimizer states")
     if beta > 0:
-        levers.append("beta=0.0 drops the reference model")
+        beyond.append("beta=0.0 drops the reference model")
+    if use_vllm and colocate:
+        beyond.append("vLLM in server mode on a GPU of its own")
+    levers += beyond
 
     return MemoryEstimate(terms=terms, formulas=formulas, train_phase=int(train), generation_phase=int(generation),
-                          num_devices=n_dev, device_memory=device_memory, assumptions=assumptions, levers=levers)
+                          num_devices=n_dev, device_memory=device_memory, assumptions=assumptions, levers=levers,
+                          beyond=beyond)
+
+
+def weights_dtype(cfg: Mapping[str, Any]) -> str | None:
+    """The dtype TRL loads a policy named by id in, as the recipe says it: ``model_init_kwargs``' ``dtype``
+    (or its older name ``torch_dtype``; a JSON string as the command line gives it), else the ``dtype`` of
+    ``trl grpo``'s ModelConfig; None when the recipe names none (TRL then loads float32)."""
+    init = cfg.get("model_init_kwargs")
+    if isinstance(init, str):
+        try:
+            init = json.loads(init)
+        except ValueError:
+            init = None
+    if isinstance(init, Mapping):
+        d = init.get("dtype") or init.get("torch_dtype")
+        if d:
+            return str(d).replace("torch.", "")
+    d = cfg.get("dtype")
+    return d if isinstance(d, str) and d else None
+
+
+# vLLM's colocated engine needs room for a CUDA graph / activation workspace beside weights and KV cache.
+VLLM_WORKSPACE_GIB = 1.0
+# The largest vllm_gpu_memory_utilization the plan sets: the rest is the CUDA context's and the trainer's.
+MAX_VLLM_UTILIZATION = 0.95
+# The fix leaves this fraction of the device free: the same line the warning draws.
+HEADROOM = TIGHT_FRACTION
+# Shorter completions, the last rung, stop at half the recipe's cap and never go under this many tokens.
+SHORTEST_COMPLETION = 128
+
+
+def vllm_needs(config: Mapping[str, Any], shape: Mapping[str, Any], device_memory_gib: float,
+               prompt_length: int | None = None) -> dict[str, Any] | None:
+    """What a colocated vLLM engine needs of one device: its 16-bit weights, the KV cache of one sequence
+    (the least it starts with) or of the whole generation batch at once, and a workspace; as bytes and as
+    the ``vllm_gpu_memory_utilization`` that holds them (``floor_util``, ``want_util``). None without a
+    parameter count."""
+    cfg = with_grpo_defaults(config)
+    params = shape.get("num_parameters")
+    if not params or not device_memory_gib:
+        return None
+    mem = float(device_memory_gib) * GIB
+    tp = max(1, int(cfg.get("vllm_tensor_parallel_size") or 1))
+    weights = 2.0 * float(params) / tp  # the engine serves bf16/fp16 weights
+    layers, kv_heads, head_dim = (int(shape.get(k) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
+    seq = (int(prompt_length or cfg.get("max_prompt_length") or DEFAULT_PROMPT_LENGTH)
+           + int(cfg.get("max_completion_length") or 0))
+    kv_token = 2 * layers * kv_heads * head_dim * 2 / tp
+    batch = int(cfg.get("per_device_train_batch_size") or 8) * int(
+        cfg.get("steps_per_generation") or cfg.get("gradient_accumulation_steps") or 1)
+    need_min = weights + kv_token * seq + VLLM_WORKSPACE_GIB * GIB
+    need_batch = weights + kv_token * seq * batch + VLLM_WORKSPACE_GIB * GIB
+    floor = math.ceil(100 * need_min / mem) / 100
+    want = max(floor, min(MAX_VLLM_UTILIZATION, math.ceil(100 * need_batch / mem) / 100))
+    return {"weights": weights, "kv_per_sequence": kv_token * seq, "generation_batch": batch, "need_min": need_min,
+            "need_batch": need_batch, "floor_util": floor, "want_util": want,
+            "possible": floor <= MAX_VLLM_UTILIZATION}
+
+
+def _bf16_weights_rung(cfg: Mapping[str, Any], shape: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Load the policy in bfloat16 where TRL would load it in float32 and the run trains in bf16 anyway."""
+    if shape.get("measured") or not cfg.get("bf16"):
+        return None
+    d = weights_dtype(cfg)
+    if d not in (None, "float32", "float", "fp32") and not (d == "auto" and dtype_bytes(shape.get("dtype"), 4) == 4):
+        return None
+    init = cfg.get("model_init_kwargs")
+    if isinstance(init, str):
+        try:
+            init = json.loads(init)
+        except ValueError:
+            init = None
+    kept = {k: v for k, v in (init or {}).items() if k != "torch_dtype"} if isinstance(init, Mapping) else {}
+    return {"remedy": "bf16_weights", "overrides": {"model_init_kwargs": {**kept, "dtype": "bfloat16"}},
+            "why": "weights, gradients, optimizer states and the reference model in 2 bytes instead of 4 (TRL loads "
+                   "float32 unless model_init_kwargs names a dtype)"}
+
+
+def fit_plan(raw: Mapping[str, Any], shape: Mapping[str, Any], *, num_devices: int | None,
+             device_memory_gib: float | None, prompt_length: int | None = None,
+             attn_implementation: str | None = None, fused_lm_head: bool | None = None,
+             device_kind: str | None = None) -> dict[str, Any]:
+    """The memory ladder climbed on the whole estimate until the peak leaves ``HEADROOM`` of the device free.
+
+    Rungs, in the ladder's order (``detectors.memory_pressure.memory_ladder``, with the policy's dtype as a
+    rung of its own): vLLM sleep mode, the vLLM share, gradient checkpointing, bfloat16 weights, 8-bit
+    optimizer states, half the micro-batch with twice the accumulation (as often as it helps), shorter
+    completions (down to half the recipe's cap). The vLLM share is one value solved against everything else:
+    the largest share that keeps the run within the headroom and never below what vLLM needs to start
+    (``vllm_needs``), raised to that first where the recipe's share is smaller. A rung that does not lower the
+    peak where it stands, or that the rest of the fix makes unnecessary, is left out.
+
+    Returns ``status`` (``as_written``: fits with headroom already; ``fits``: the fix does; ``tight``: every
+    rung leaves it fitting with less than the headroom; ``none``: it does not fit one device), ``overrides``
+    (the fix, one value per flag), ``rungs`` (each with its ``peak_bytes`` and ``fits``), ``peak_bytes``,
+    ``headroom``, ``share`` and ``vllm`` (``vllm_needs``) and, for ``none``, ``reason``.
+    """
+    options = dict(num_devices=num_devices, device_memory_gib=device_memory_gib, prompt_length=prompt_length,
+                   attn_implementation=attn_implementation, fused_lm_head=fused_lm_head, device_kind=device_kind)
+    mem = int(float(device_memory_gib or 0) * GIB)
+    base = dict(raw)
+    cfg0 = with_grpo_defaults(base)
+    colocate = bool(cfg0.get("use_vllm")) and str(cfg0.get("vllm_mode") or "colocate") == "colocate"
+    need = vllm_needs(cfg0, shape, float(device_memory_gib or 0), prompt_length) if colocate else None
+    cur_u = float(cfg0.get("vllm_gpu_memory_utilization") or 0.3)
+    plan: dict[str, Any] = {"status": "none", "overrides": {}, "rungs": [], "peak_bytes": None, "headroom": HEADROOM,
+                            "share": None, "vllm": need}
+
+    def size(c: Mapping[str, Any]) -> MemoryEstimate:
+        return _size(dict(c), dict(shape), **options)
+
+    if not mem:
+        plan["reason"] = "no device memory"
+        return plan
+    if need is not None and not need["possible"]:
+        plan["peak_bytes"] = size(base).peak
+        plan["reason"] = (f"the colocated vLLM engine alone needs {need['need_min'] / GIB:.1f} GiB (its 16-bit weights, "
+                          f"one sequence's KV cache and a workspace), more than {MAX_VLLM_UTILIZATION:g} of the device")
+        return plan
+    lo = need["floor_util"] if need is not None else None
+    hi = (cur_u if cur_u >= lo else need["want_util"]) if need is not None and lo is not None else None
+
+    def share(c: Mapping[str, Any], limit: float) -> float | None:
+        """The largest vLLM share in [lo, hi] that keeps ``c``'s peak within ``limit`` (None: none does)."""
+        e = size({**c, "vllm_gpu_memory_utilization": hi})
+        v = e.terms.get("vllm_colocate") or 0
+        sleep = bool(with_grpo_defaults(c).get("vllm_enable_sleep_mode"))
+        gen0, train0 = e.generation_phase - v, e.train_phase - (0 if sleep else v)
+        if sleep and train0 > limit:
+            return None
+        room = limit - (gen0 if sleep else max(gen0, train0))
+        u = min(float(hi), math.floor(100 * room / mem) / 100)
+        while u >= lo - 1e-9:
+            if size({**c, "vllm_gpu_memory_utilization": round(u, 2)}).peak <= limit:
+                return round(u, 2)
+            u -= 0.01
+        return None
+
+    def fits(c: Mapping[str, Any], limit: float) -> tuple[bool, float | None]:
+        if need is None:
+            return size(c).peak <= limit, None
+        u = share(c, limit)
+        return u is not None, u
+
+    def rung_for(remedy: str, c: Mapping[str, Any]) -> dict[str, Any] | None:
+        full = with_grpo_defaults(c)
+        if remedy == "bf16_weights":
+            return _bf16_weights_rung(full, shape)
+        for r in memory_ladder(full):
+            if r["remedy"] == remedy:
+                if remedy == "shorter_completions":
+                    cap = int(r["overrides"]["max_completion_length"])
+                    first = int(cfg0.get("max_completion_length") or 0)
+                    if cap < max(SHORTEST_COMPLETION, first // 2):
+                        return None
+                return dict(r)
+        return None
+
+    order = ("vllm_sleep_mode", "gradient_checkpointing", "bf16_weights", "low_bit_optimizer", "smaller_micro_batch",
+             "shorter_completions")
+    repeatable = ("smaller_micro_batch", "shorter_completions")
+    chosen: list[dict[str, Any]] = []
+    c = dict(base)
+    ok, u = fits(c, HEADROOM * mem)
+    for remedy in order:
+        while not ok:
+            r = rung_for(remedy, c)
+            if r is None:
+                break
+            c = _apply(c, r["overrides"])
+            chosen.append(r)
+            ok, u = fits(c, HEADROOM * mem)
+            if remedy not in repeatable:
+                break
+        if ok:
+            break
+    status = "fits" if ok else "none"
+    if not ok:
+        ok, u = fits(c, mem)
+        status = "tight" if ok else "none"
+    if status == "none":
+        plan["peak_bytes"] = size({**c, **({"vllm_gpu_memory_utilization": lo} if need is not None else {})}).peak
+        plan["reason"] = (f"every rung of the ladder together still needs {plan['peak_bytes'] / GIB:.1f} GiB"
+                          + (f", with vLLM's share at the {lo:g} it needs to start" if need is not None else ""))
+        return plan
+    limit = HEADROOM * mem if status == "fits" else mem
+    # Drop a rung the rest of the fix makes unnecessary, as long as vLLM keeps at least the share it had.
+    for r in list(reversed(chosen)):
+        rest = [x for x in chosen if x is not r]
+        c2 = dict(base)
+        for x in rest:
+            c2 = _apply(c2, x["overrides"])
+        ok2, u2 = fits(c2, limit)
+        if ok2 and (u is None or (u2 is not None and u2 >= u)):
+            chosen, c, u = rest, c2, u2
+    if not chosen and (u is None or math.isclose(u, cur_u)):
+        plan.update(status="as_written" if status == "fits" else "tight", peak_bytes=size(base).peak,
+                    share=u)
+        return plan
+    rungs = list(chosen)
+    if u is not None and not math.isclose(u, cur_u):
+        raised = u > cur_u
+        share_rung = {
+            "remedy": "raise_vllm_gpu_memory_utilization" if raised else "lower_vllm_gpu_memory_utilization",
+            "overrides": {"vllm_gpu_memory_utilization": u},
+            "why": (f"vLLM needs {need['need_min'] / GIB:.1f} GiB to start (16-bit weights, one sequence's KV cache, "
+                    f"a workspace): {cur_u:g} of the device is less" if raised else
+                    f"vLLM reserves less for its KV cache, and batches fewer sequences at once (it still holds its "
+                    f"weights and one sequence's KV cache, {lo:g} of the device)")}
+        at = 0 if raised else (1 if rungs and rungs[0]["remedy"] == "vllm_sleep_mode" else 0)
+        rungs.insert(at, share_rung)
+    applied: dict[str, Any] = {}
+    c = dict(base)
+    for r in rungs:
+        c = _apply(c, r["overrides"])
+        applied.update(r["overrides"])
+        e = size(c)
+        plan["rungs"].append({**r, "overrides": dict(r["overrides"]), "peak_bytes": e.peak, "fits": bool(e.fits)})
+    plan.update(status=status, overrides=applied, peak_bytes=size(c).peak, share=u)
+    return plan
+
+
+def _apply(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    return {**config, **overrides}
 
 
 def layer_activation_elements(shape: Mapping[str, Any], seq_len: int, attn_impl: str = "sdpa") -> tuple[int, int]:
