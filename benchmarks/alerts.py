@@ -76,6 +76,7 @@ def one_run(url: str | None, steps: int, seed: int, root: Path) -> dict:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from grpo_monitor.alerts import AlertOptions
     from grpo_monitor.callbacks import attach
     from grpo_monitor.core.engine import default_detectors
     from grpo_monitor.fixtures.tiny import REWARD_FUNCS, build_dataset, build_model, build_tokenizer
@@ -90,8 +91,8 @@ def one_run(url: str | None, steps: int, seed: int, root: Path) -> dict:
                           train_dataset=build_dataset(64), processing_class=build_tokenizer())
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
-    options = {"alerts": url, "alerts_burst": 10_000, "alerts_per_minute": 1e6, "alerts_timeout": 5.0,
-               "alerts_flush_timeout": 0.5} if url else {"alerts": False}
+    options = {"alerts": AlertOptions(to=url, burst=10_000, per_minute=1e6, timeout=5.0, flush_timeout=0.5)
+               if url else False}
     monitor_cb = attach(trainer, out / "grpo-monitor", detectors=[*default_detectors(), probe_detector()], **options)
     timer, tb_timer = Timer(), Timer()
     timer.wrap_callback(monitor_cb)

@@ -5,7 +5,7 @@ window under a lock and turn it into a dozen numbers, plus the generation share;
 from the sampler's own thread. Two measurements:
 
 * **A real tiny GRPO run** (dense Qwen3, 8 completions of <= 16 tokens per step, CPU) with
-  ``attach(trainer, nvml_device=0)``: every call of the part on the training thread (``start`` at train
+  ``attach(trainer, device_health=DeviceOptions(device=0))``: every call of the part on the training thread (``start`` at train
   begin, ``collect`` at each log, ``stop`` at the end) is timed, against the step time. The sampler reads
   every 10 ms here (a hundred times its default rate), so every logged step has a full window to sum up.
 * **``collect`` alone**, ``--calls`` times, while the sampler thread reads every 1 ms: the window's cost
@@ -53,14 +53,14 @@ def install_nvml(real: bool) -> str:
 def run_tiny(steps: int, interval: float) -> dict[str, float]:
     import transformers
 
-    from grpo_monitor import attach
+    from grpo_monitor import DeviceOptions, attach
     from grpo_monitor.app.demo import build_trainer, demo_config
 
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_trainer(demo_config(Path(tmp) / "out", steps))
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # no log dict printed per step
-        cb = attach(trainer, Path(tmp) / "run", nvml_device=0, device_interval_s=interval)
+        cb = attach(trainer, Path(tmp) / "run", device_health=DeviceOptions(device=0, interval_s=interval))
         timer = Timer()
         for name in ("start", "collect", "stop"):
             setattr(cb.device, name, timer.wrap(getattr(cb.device, name)))
@@ -134,7 +134,7 @@ def main() -> None:
         "not the driver's; what the training thread pays does not involve NVML at all (it only takes the window "
         "the sampler thread filled). Rerun with `--real-nvml` on a GPU for the driver's figures.\n\n"
         f"Tiny dense Qwen3 GRPO run on the CPU ({run['steps']} timed steps, first {WARMUP} excluded), "
-        f"`attach(trainer, nvml_device=0, device_interval_s={opts.interval:g})`: the sampler reads every "
+        f"`attach(trainer, device_health=DeviceOptions(device=0, interval_s={opts.interval:g}))`: the sampler reads every "
         f"{opts.interval * 1e3:g} ms (the default is 1 s), {run['readings_per_step']:.0f} readings per logged step.\n\n"
         "| on the training thread | time | share of the tiny CPU step | of a 1 s GPU step | of the H200's 2.3 s step |\n"
         "|---|---|---|---|---|\n"

@@ -3,6 +3,7 @@ one plain ``subprocess.run`` per completion on the same completions.
 
     .venv/bin/python benchmarks/rewards.py            # writes the "rewards" section of RESULTS.md
     .venv/bin/python benchmarks/rewards.py --quick    # fewer completions, prints only
+    .venv/bin/python benchmarks/rewards.py --hostile  # only the 1 MB hostile completions, prints only
 """
 
 from __future__ import annotations
@@ -36,6 +37,74 @@ JSONS = ['```json\n{"name": "Ada", "age": 36}\n```', 'here {"name": "Bo", "age":
 TESTS = ["assert add(1, 2) == 3", "assert add(20, 22) == 42", "assert add(-5, 5) == 0"]
 CODES = ["def add(a, b):\n    return a + b\n", "def add(a, b):\n    return a - b\n",
          "def add(a, b):\n    s = 0\n    for x in (a, b):\n        s += x\n    return s\n", "def add(a, b) return"]
+
+
+# Completions of about 1 MB built to make a reward's text search slow: the measured attacks on the
+# regexes the references ran (quadratic: "``` " repeated was 2.4 s at 32k repetitions) and the worst
+# case found for each search since.
+HOSTILE_BYTES = 1 << 20
+HOSTILE_LIMIT_MS = 50.0
+
+
+def _fill(unit: str, tail: str = "") -> str:
+    return unit * ((HOSTILE_BYTES - len(tail)) // len(unit)) + tail
+
+
+HOSTILE = {
+    '"``` " repeated': _fill("``` "),
+    '"```\\n" repeated (a fence every 4 characters)': _fill("```\n"),
+    '"```py\\n" then "``` " repeated': "```py\n" + _fill("``` "),
+    '"\\boxed{" repeated': _fill("\\boxed{"),
+    '"\\boxed{" repeated, then "\\boxed{72}"': _fill("\\boxed{", "\\boxed{72}"),
+    '"<answer>" repeated': _fill("<answer>"),
+    '"<answer>x</answer>" repeated': _fill("<answer>x</answer>"),
+    '"<think>" repeated': _fill("<think>"),
+    '"The answer is " repeated': _fill("The answer is "),
+    '"The answer is x", 1 MB of spaces, "y"': "The answer is x" + " " * (HOSTILE_BYTES - 16) + "y",
+    '"#### " repeated': _fill("#### "),
+    '"1 " repeated (a number every 2 characters)': _fill("1 "),
+    '"{\\"" repeated': _fill('{"'),
+    '"[" repeated': _fill("["),
+    '"[1," repeated': _fill("[1,"),
+    '"{" repeated, then "["': _fill("{", "["),
+}
+
+
+def hostile_rows(repeat: int = 3) -> tuple[list[str], list[tuple[str, list[float]]]]:
+    """Milliseconds per completion (best of ``repeat``) of each reference on each hostile completion."""
+    import logging
+
+    from grpo_monitor.callbacks.reward_tap import extra_signals, text_signals
+    from grpo_monitor.rewards import FormatReward, exact_match, exact_match_string, json_schema
+    from grpo_monitor.rewards._text import extract_code
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    refs = {
+        "exact_match": lambda t: exact_match(completions=[t], answer=["72"]),
+        "exact_match_string": lambda t: exact_match_string(completions=[t], answer=["72"]),
+        "json_schema": lambda t: json_schema(completions=[t], schema=[SCHEMA]),
+        "answer_format": FormatReward("answer_tag"),
+        "think_answer_format": FormatReward("think_answer"),
+        "boxed_format": FormatReward("boxed"),
+        "unit_tests' code extraction": extract_code,
+        "reward tap signals": lambda t: (text_signals([t]), extra_signals(["What is 8 x 9?"], [t], [[1, 2]])),
+    }
+    for name in ("answer_format", "think_answer_format", "boxed_format"):
+        f = refs[name]
+        refs[name] = lambda t, f=f: f(completions=[t])
+    exact_match(completions=["\\boxed{x^2}"], answer=["72"])  # imports outside the timing
+    rows = []
+    for label, text in HOSTILE.items():
+        cells = []
+        for fn in refs.values():
+            best = float("inf")
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                fn(text)
+                best = min(best, time.perf_counter() - t0)
+            cells.append(best * 1000)
+        rows.append((label, cells))
+    return list(refs), rows
 
 
 def rate(fn, n: int, repeat: int = 3) -> float:
@@ -99,7 +168,18 @@ def naive_run(code: str, tests: list[str], timeout: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--hostile", action="store_true", help="only the hostile completions, printed")
     args = ap.parse_args()
+    names, hostile = hostile_rows()
+    worst = max(max(cells) for _, cells in hostile)
+    hostile_lines = [f"Hostile completions of {HOSTILE_BYTES // 1024} KiB each: milliseconds per completion (best of 3) "
+                     f"for each reference; the bound is {HOSTILE_LIMIT_MS:.0f} ms. Worst: **{worst:.1f} ms**"
+                     + ("" if worst <= HOSTILE_LIMIT_MS else " (OVER THE BOUND)") + ".", "",
+                     "| completion | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    hostile_lines += [f"| {label} | " + " | ".join(f"{c:.1f}" for c in cells) + " |" for label, cells in hostile]
+    if args.hostile:
+        print("\n".join(hostile_lines))
+        return 0 if worst <= HOSTILE_LIMIT_MS else 1
     n_fast, n_code = (64, 16) if args.quick else (512, 64)
 
     from grpo_monitor.rewards import FormatReward, JudgeReward, Limits, Sandbox, SoftOverlong, UnitTestReward, exact_match, json_schema
@@ -200,6 +280,7 @@ def main() -> int:
               "count; the sandbox's tests are then judged by a separate process). The sandbox's isolation here: "
               + ", ".join(f"{k}={v}" for k, v in caps.items() if k in ("root", "isolation", "route", "uid", "root_fs"))
               + "."]
+    lines += ["", *hostile_lines]
     body = "\n".join(lines)
     print(body)
     if not args.quick:

@@ -4,7 +4,7 @@ The one import path users need, which no module of a training script (its own ``
 ``monitor.py`` or ``detectors.py``) can shadow::
 
     from grpo_monitor import attach
-    attach(trainer)
+    attach(trainer)                     # or attach(trainer, alerts="https://hooks.slack.com/...")
 
     import grpo_monitor
     report = grpo_monitor.analyze("runs/my-run")
@@ -13,8 +13,8 @@ Importing this package stays light: numpy, never torch, transformers or textual 
 and the dashboard load when used).
 
 >>> import grpo_monitor
->>> sorted(grpo_monitor.__all__)[:4]
-['Engine', 'Finding', 'RunContext', 'RunLog']
+>>> [name for name in sorted(grpo_monitor.__all__) if name.endswith("Options")][:3]
+['AlertOptions', 'AnalyzeOptions', 'DeviceOptions']
 """
 
 from __future__ import annotations
@@ -30,17 +30,31 @@ from grpo_monitor.core.runlog import RunLog, RunLogError, read_run
 from grpo_monitor.detectors.base import Finding, RunContext
 
 if TYPE_CHECKING:  # the real functions, for editors and type checkers; loaded when first used
+    from grpo_monitor.alerts.options import AlertOptions
     from grpo_monitor.analysis.analyze import AnalyzeOptions, analyze
     from grpo_monitor.callbacks.attach import attach
+    from grpo_monitor.callbacks.options import (
+        DeviceOptions,
+        RestartOptions,
+        RewardGateOptions,
+        RouterOptions,
+        SampleOptions,
+    )
     from grpo_monitor.callbacks.restarts import run_with_restarts
 
 __all__ = [
+    "AlertOptions",
     "AnalyzeOptions",
+    "DeviceOptions",
     "Engine",
     "Finding",
+    "RestartOptions",
+    "RewardGateOptions",
+    "RouterOptions",
     "RunContext",
     "RunLog",
     "RunLogError",
+    "SampleOptions",
     "__version__",
     "analyze",
     "attach",
@@ -51,7 +65,13 @@ __all__ = [
 
 # Public functions whose modules load only when used: the training side imports transformers and torch.
 _LAZY = {
+    "AlertOptions": "grpo_monitor.alerts.options",
     "AnalyzeOptions": "grpo_monitor.analysis.analyze",
+    "DeviceOptions": "grpo_monitor.callbacks.options",
+    "RestartOptions": "grpo_monitor.callbacks.options",
+    "RewardGateOptions": "grpo_monitor.callbacks.options",
+    "RouterOptions": "grpo_monitor.callbacks.options",
+    "SampleOptions": "grpo_monitor.callbacks.options",
     "analyze": "grpo_monitor.analysis.analyze",
     "attach": "grpo_monitor.callbacks.attach",
     "run_with_restarts": "grpo_monitor.callbacks.restarts",

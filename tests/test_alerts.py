@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import subprocess
 import sys
@@ -188,7 +189,7 @@ def test_format_recognised_from_host_or_path():
     assert detect_format("https://events.pagerduty.com/v2/enqueue") == "pagerduty"
     assert detect_format("https://alerts.example.org/hook") == "generic"
     assert detect_format("https://hooks.slack.com/services/T1/B2/xyz", "generic") == "generic"
-    with pytest.raises(ValueError, match="alerts_format"):
+    with pytest.raises(ValueError, match="format must be one of"):
         detect_format("https://x.org/", "opsgenie")
     assert mask_url("https://user:pw@hooks.slack.com/services/T1/B2/xyz?k=1") == "https://hooks.slack.com/***"
 
@@ -261,7 +262,7 @@ def test_recommendation_diff_travels_with_the_finding(hook):
 
 def test_min_severity_critical_skips_the_warning_but_keeps_the_resolution(hook):
     d = build_dispatcher(SimpleNamespace(args=SimpleNamespace(report_to=[])), "/runs/r3", "id1",
-                         {"alerts": hook.url(), "alerts_min_severity": "critical"})
+                         AlertOptions(to=hook.url(), min_severity="critical"))
     drive(d)
     d.close()
     hook.wait(2)
@@ -376,8 +377,8 @@ def test_several_destinations_one_hung_does_not_hold_the_others(hook):
     hung = Hook(mode="silent")
     box = Mailbox()
     try:
-        opts = AlertOptions.of({"alerts": [hung.url(), hook.url(), {"email": "oncall@example.org", "smtp": box.url}],
-                                "alerts_timeout": 2.0, "alerts_flush_timeout": 1.0})
+        opts = AlertOptions(to=[hung.url(), hook.url(), {"email": "oncall@example.org", "smtp": box.url}],
+                            timeout=2.0, flush_timeout=1.0)
         d = AlertDispatcher([], [Sender(r.destination) for r in opts.routes], flush_timeout=1.0)
         for step in range(1, 4):
             d.on_step(step, {}, [probe(step)], [])
@@ -461,8 +462,8 @@ def test_cap_and_cooldown_hold_back_on_purpose_and_say_so(hook):
 def test_headers_and_a_template_for_an_internal_relay(hook):
     template = {"service": "grpo", "severity": "{level}", "summary": "{title}", "dedup": "{idempotency_key}",
                 "detector": "{finding[detector]}", "finding": "{finding}", "fix": "{recommendation[python]}"}
-    opts = AlertOptions.of({"alerts": {"url": hook.url(), "headers": {"Authorization": "Bearer tok-987"},
-                                       "template": template}})
+    opts = AlertOptions.of({"url": hook.url(), "headers": {"Authorization": "Bearer tok-987"},
+                                       "template": template})
     d = AlertDispatcher([], [Sender(opts.routes[0].destination)])
     drive(d)
     d.close()
@@ -475,7 +476,7 @@ def test_headers_and_a_template_for_an_internal_relay(hook):
 
 
 def test_pagerduty_triggers_and_resolves_one_incident_per_episode(hook):
-    opts = AlertOptions.of({"alerts": {"url": hook.url(), "format": "pagerduty", "routing_key": "R0UT1NG"}})
+    opts = AlertOptions.of({"url": hook.url(), "format": "pagerduty", "routing_key": "R0UT1NG"})
     d = AlertDispatcher([], [Sender(opts.routes[0].destination)], run_dir="/runs/pd")
     drive(d)
     d.finish(30)  # the run's end is not a page
@@ -501,27 +502,44 @@ def test_a_mention_on_critical_messages_only(hook):
         assert [check(b) for b in got] == [False, True, False], path
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"alerts": "ftp://host/secret-path"}, "http"),
-    ({"alerts": "https://host:notaport/x"}, "http"),
-    ({"alerts": "https://x.org/h", "alerts_format": "teamz"}, "alerts_format"),
-    ({"alerts_per_minute": 0}, "alerts_per_minute"),
-    ({"alerts_burst": 0}, "alerts_burst"),
-    ({"alerts_min_severity": "info"}, "alerts_min_severity"),
-    ({"alerts_retry": 3}, "unknown alert options"),
-    ({"alerts": {"url": "https://x.org/h", "hedaers": {}}}, "unknown keys"),
-    ({"alerts": {"url": "https://x.org/h", "headers": {"Bad Name": "v"}}}, "header name"),
-    ({"alerts": {"url": "https://x.org/h", "template": {"s": "{titel}"}}}, "titel"),
-    ({"alerts": {"url": "https://events.pagerduty.com/v2/enqueue"}}, "routing_key"),
-    ({"alerts": "mailto:not-an-address"}, "addresses"),
-    ({"alerts": {"email": "a@b.org", "smtp": "imap://mail"}}, "smtp"),
-    ({"alerts_max_per_run": 0}, "alerts_max_per_run"),
-    ({"alerts_cooldown_steps": -1}, "alerts_cooldown_steps"),
+@pytest.mark.parametrize("bad,where,match", [
+    ({"to": "ftp://host/secret-path"}, "AlertOptions(to=...)", "http"),
+    ({"to": "https://host:notaport/x"}, "AlertOptions(to=...)", "http"),
+    ({"to": "https://x.org/h", "format": "teamz"}, "AlertOptions(format=...)", "teamz"),
+    ({"per_minute": 0}, "AlertOptions(per_minute=...)", "> 0"),
+    ({"burst": 0}, "AlertOptions(burst=...)", ">= 1"),
+    ({"min_severity": "info"}, "AlertOptions(min_severity=...)", "'info'"),
+    ({"to": {"url": "https://x.org/h", "hedaers": {}}}, "AlertOptions(to=...)", "unknown keys"),
+    ({"to": {"url": "https://x.org/h", "headers": {"Bad Name": "v"}}}, "AlertOptions(to=...)", "header name"),
+    ({"to": "https://x.org/h", "headers": {"Bad Name": "v"}}, "AlertOptions(headers=...)", "header name"),
+    ({"to": {"url": "https://x.org/h", "template": {"s": "{titel}"}}}, "AlertOptions(to=...)", "titel"),
+    ({"template": {"s": "{titel}"}}, "AlertOptions(template=...)", "titel"),
+    ({"to": {"url": "https://events.pagerduty.com/v2/enqueue"}}, "AlertOptions(to=...)", "routing_key"),
+    ({"to": ["https://x.org/h", "mailto:not-an-address"]}, "AlertOptions(to=...)", "destination 2: .*addresses"),
+    ({"to": {"email": "a@b.org", "smtp": "imap://mail"}}, "AlertOptions(to=...)", "smtp"),
+    ({"to": {"url": "https://x.org/h", "burst": 0}}, "AlertOptions(to=...)", "burst must be"),
+    ({"to": 42}, "AlertOptions(to=...)", "got int"),
+    ({"mention": ""}, "AlertOptions(mention=...)", "non-empty"),
+    ({"max_per_run": 0}, "AlertOptions(max_per_run=...)", ">= 1"),
+    ({"cooldown_steps": -1}, "AlertOptions(cooldown_steps=...)", ">= 0"),
 ])
-def test_each_bad_option_is_one_clear_error(bad, match):
-    with pytest.raises(ValueError, match=match) as info:
-        AlertOptions.of(bad)
+def test_each_bad_option_is_one_line_naming_the_field(bad, where, match):
+    with pytest.raises(ValueError, match=re.escape(where) + ": .*" + match) as info:
+        AlertOptions(**bad)
     assert "\n" not in str(info.value) and "secret-path" not in str(info.value)
+
+
+def test_the_shorthand_names_what_attach_was_given(monkeypatch):
+    """``AlertOptions.of`` is what ``attach(alerts=...)`` does with a bare destination: an error names that."""
+    with pytest.raises(ValueError, match=r"^attach\(alerts=\.\.\.\): the alerts webhook must be an http\(s\) URL"):
+        AlertOptions.of("hooks.slack.com/services/T/B/x")
+    with pytest.raises(ValueError, match=r"^attach\(alerts=\.\.\.\): destination 2: unknown keys \['hedaers'\]"):
+        AlertOptions.of(["https://x.org/a", {"url": "https://x.org/b", "hedaers": {}}])
+    opts = AlertOptions(to="https://x.org/h", min_severity="critical")
+    assert AlertOptions.of(opts) is opts
+    monkeypatch.setenv("GRPO_MONITOR_WEBHOOK_FORMAT", "slak")
+    with pytest.raises(ValueError, match=r"^\$GRPO_MONITOR_WEBHOOK_FORMAT: must be one of"):
+        AlertOptions.of(None)
 
 
 def test_options_never_show_a_secret(monkeypatch):
@@ -542,8 +560,8 @@ def test_options_never_show_a_secret(monkeypatch):
 def test_email_to_several_addresses_with_the_key_as_message_id():
     box = Mailbox()
     try:
-        opts = AlertOptions.of({"alerts": {"email": ["oncall@example.org", "ml@example.org"], "smtp": box.url,
-                                           "from": "monitor@example.org"}})
+        opts = AlertOptions.of({"email": ["oncall@example.org", "ml@example.org"], "smtp": box.url,
+                                           "from": "monitor@example.org"})
         d = AlertDispatcher([], [Sender(opts.routes[0].destination)], run_dir="/runs/mail")
         drive(d)
         d.close()
@@ -584,13 +602,13 @@ def test_email_delivered_once_or_counted(kind):
 
 def test_smtp_password_stays_secret(monkeypatch):
     monkeypatch.setenv("GRPO_MONITOR_SMTP_PASSWORD", "pw-55555")
-    opts = AlertOptions.of({"alerts": {"email": "a@example.org", "smtp": "smtp+starttls://alerts@mail.example.org"}})
+    opts = AlertOptions.of({"email": "a@example.org", "smtp": "smtp+starttls://alerts@mail.example.org"})
     dest = opts.routes[0].destination
     assert dest.starttls and dest.port == 587 and "pw-55555" not in repr(opts) and "pw-55555" not in dest.name
     assert opts.scrub("login alerts pw-55555") == "login alerts ***"
     monkeypatch.delenv("GRPO_MONITOR_SMTP_PASSWORD")
     with pytest.raises(ValueError, match="no password"):
-        AlertOptions.of({"alerts": {"email": "a@example.org", "smtp": "smtp://alerts@mail.example.org"}})
+        AlertOptions.of({"email": "a@example.org", "smtp": "smtp://alerts@mail.example.org"})
 
 
 # -- trackers off the training thread -----------------------------------------------------------------

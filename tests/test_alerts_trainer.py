@@ -39,7 +39,7 @@ logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(mess
 import transformers
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
-from grpo_monitor.callbacks import attach
+from grpo_monitor.callbacks import AlertOptions, attach
 from grpo_monitor.detectors.base import Detector, Finding
 from grpo_monitor.detectors.no_learning_signal import NoLearningSignal
 from grpo_monitor.fixtures.tiny import build_dataset, build_model, build_tokenizer
@@ -92,7 +92,10 @@ trainer.add_callback(clock)
 det = NoLearningSignal(persist_points=2, persist_steps=0)
 det.clear_after, det.clear_steps = 2, 1
 detectors = [BurstProbe()] if cfg.get("burst") else [det]
-cb = attach(trainer, cfg["run_dir"], detectors=detectors, **cfg.get("attach", {}))
+options = dict(cfg.get("attach", {}))
+if "alert_options" in cfg:
+    options["alerts"] = AlertOptions(**cfg["alert_options"])
+cb = attach(trainer, cfg["run_dir"], detectors=detectors, **options)
 try:
     trainer.train()
 except ValueError as exc:
@@ -359,8 +362,8 @@ def test_a_webhook_that_fails_is_counted_and_never_holds_the_run(tmp_path, kind)
             "slow": lambda: Hook(mode="slow", delay=3.0)}[kind]()
     url = hook.url() if hook else refused_url()
     try:
-        out = train(tmp_path, [], attach={"alerts": url, "alerts_timeout": 1.0, "alerts_retries": 1,
-                                          "alerts_flush_timeout": 1.0}, argv=["--alerts", url])
+        out = train(tmp_path, [], alert_options={"to": url, "timeout": 1.0, "retries": 1, "flush_timeout": 1.0},
+                    argv=["--alerts", url])
         keys = hook.keys() if hook else []
     finally:
         if hook:
@@ -391,7 +394,7 @@ def test_a_webhook_that_fails_is_counted_and_never_holds_the_run(tmp_path, kind)
 def test_a_burst_is_rate_limited_and_counted(tmp_path):
     hook = Hook()
     try:
-        out = train(tmp_path, [], burst=True, attach={"alerts": hook.url(), "alerts_burst": 3, "alerts_per_minute": 6})
+        out = train(tmp_path, [], burst=True, alert_options={"to": hook.url(), "burst": 3, "per_minute": 6})
         got = hook.wait(5, timeout=5)
     finally:
         hook.close()
@@ -459,7 +462,8 @@ def test_mlflow_keeps_each_episode_of_a_detector(tmp_path, monkeypatch):
 
 
 def test_options_are_checked_at_attach(monkeypatch):
-    """Each bad option is one ValueError from ``attach``, before anything trains; the trainer is left as it was."""
+    """Each bad option is one ValueError from ``attach`` naming what was written, before anything trains; the
+    trainer is left as it was."""
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_monitor.callbacks import attach
@@ -473,13 +477,16 @@ def test_options_are_checked_at_attach(monkeypatch):
         trainer = GRPOTrainer(model=build_model(), reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
                               args=args, train_dataset=build_dataset(8), processing_class=build_tokenizer())
         before = list(trainer.callback_handler.callbacks)
-        for bad in ({"alerts": "hooks.slack.com/services/T/B/x"}, {"alerts": "https://x.org/h", "alerts_format": "slak"},
-                    {"alerts_per_minute": 0}, {"alerts_min_severity": "info"}):
+        for bad, where in (({"alerts": "hooks.slack.com/services/T/B/x"}, "attach(alerts=...): "),
+                           ({"alerts": ["https://x.org/h", {"url": "https://x.org/h", "format": "slak"}]},
+                            "attach(alerts=...): destination 2: format"),
+                           ({"alerts": 3.5}, "attach(alerts=...): "),
+                           ({"alerts": {"email": "oncall@example.org", "smtp": "imap://mail"}}, "attach(alerts=...): ")):
             with pytest.raises(ValueError) as info:
                 attach(trainer, Path(tmp) / "run", **bad)
-            assert "\n" not in str(info.value)
+            assert str(info.value).startswith(where) and "\n" not in str(info.value)
         monkeypatch.setenv("GRPO_MONITOR_WEBHOOK_URL", "slack-hook-without-scheme")
-        with pytest.raises(ValueError, match="http"):
+        with pytest.raises(ValueError, match=r"^\$GRPO_MONITOR_WEBHOOK_URL: .*http"):
             attach(trainer, Path(tmp) / "run")
         assert trainer.callback_handler.callbacks == before and not (Path(tmp) / "run").exists()
 

@@ -40,13 +40,14 @@ def test_wall_time_from_a_clock_else_step_time_else_the_runtime_and_gpu_hours_ne
     for s in range(10, 101, 10):
         clock.observe(s, {"system/wall_time": 1000.0 + 9.0 * s})
     c = clock.between(20, 100)
-    assert c["steps"] == 90 and c["wall_seconds"] == 810.0 and c["wall_from"] == "system/wall_time"
-    assert c["gpu_hours"] == pytest.approx(0.9) and c["money"] == pytest.approx(1.8)
+    # Steps 20 to 100: 81 of them (the point at 20 also stands for steps 11-19, which come before).
+    assert c["steps"] == 81 and c["wall_seconds"] == 729.0 and c["wall_from"] == "system/wall_time"
+    assert c["gpu_hours"] == pytest.approx(0.81) and c["money"] == pytest.approx(1.62)
     timed = CostMeter()
     for s in range(10, 101, 10):
         timed.observe(s, {"step_time": 2.0})
     c = timed.between(20, 100)
-    assert c["wall_seconds"] == 180.0 and c["wall_from"] == "step_time" and c["gpu_hours"] is None
+    assert c["wall_seconds"] == 162.0 and c["wall_from"] == "step_time" and c["gpu_hours"] is None
     assert "money" not in c
     runtime = CostMeter(devices=1, runtime=(500.0, 100))
     for s in range(1, 101):
@@ -67,8 +68,58 @@ def test_memory_stays_bounded_and_late_lookups_still_hold():
         meter.observe(s, {"step_time": 1.0, "frac_reward_zero_std": 1.0 if s > 5000 else 0.0})
     assert len(meter.steps) <= 65
     c = meter.between(5001, 10_000)
-    # The onset is rounded to a kept point, the totals stay exact at the points kept.
-    assert abs(c["steps"] - 5000) <= 10_000 / 32 and c["wasted_share"] > 0.9
+    # An onset between kept points takes its share of the stretch they span: no rounding back to the earlier one.
+    assert c["steps"] == 5000 and c["wasted_share"] > 0.9
+
+
+def test_a_cost_on_a_sparse_log_counts_from_its_onset_never_the_interval_before_it_nor_before_the_log():
+    # A sparse log with a hole (23 to 37): the point at 37 stands for 14 steps, 23 of them before step 37.
+    meter = CostMeter()
+    for s in (9, 23, 37, 51, 65, 79):
+        meter.observe(s, {"step_time": 2.0, "frac_reward_zero_std": 0.5})
+    c = meter.between(37, 71)
+    assert (c["since_step"], c["steps"], c["wall_seconds"], c["wasted_share"]) == (37, 35, 70.0, 0.5)
+    assert meter.between(40, 44)["steps"] == 5 and meter.between(37, 37)["steps"] == 1
+    # An onset before the first logged step is costed from it: the log says nothing of the steps before.
+    early = meter.between(-29, 23)
+    assert (early["since_step"], early["steps"]) == (9, 15)
+
+
+@pytest.mark.parametrize("case", ["solved_from_start", "length_coupling", "healthy_plateau", "entropy_bonus_runaway"])
+def test_on_a_run_logged_every_10_steps_no_finding_costs_or_looks_back_before_its_onset_or_the_first_step(case):
+    from grpo_monitor.analysis.replay import cost_summary
+
+    run = generate(case, seed=0, logging_steps=10)
+    first, last = run.steps[0][0], run.steps[-1][0]
+    engine = Engine(run.context, [cls() for cls in ALL_DETECTORS])
+    findings = engine.replay(run.steps, run.samples)
+    assert findings
+    for f in findings:
+        assert f.onset_step is None or f.onset_step >= first, f.to_dict()
+        window = f.evidence.get("window")
+        if isinstance(window, dict) and window.get("from_step") is not None:
+            assert first <= window["from_step"] <= f.step, f.to_dict()
+        cost = f.evidence.get("cost")
+        if cost:
+            assert first <= cost["since_step"] and cost["steps"] <= f.step - cost["since_step"] + 1, f.to_dict()
+    summary = cost_summary(engine, findings)
+    assert summary["run"]["steps"] == last - first + 1
+    for row in summary["findings"]:
+        to_end = row["to_end"]
+        assert first <= to_end["since_step"] and to_end["steps"] == last - to_end["since_step"] + 1, row
+
+
+@pytest.mark.parametrize("every", [2, 5])
+def test_the_length_trend_window_of_an_early_finding_starts_where_the_log_does(every):
+    from grpo_monitor.detectors.length_reward_coupling import LengthRewardCoupling
+
+    det, found = LengthRewardCoupling(), []
+    for step in range(every, 201, every):
+        length = 200 if step < 20 else 200 + 8 * (step - 20)
+        acc = 0.4 + 0.002 * (step % 7)
+        found += det.update(step, {"completions/mean_length": length, "rewards/accuracy/mean": acc, "reward": acc})
+    assert found and found[0].step < det.span_steps
+    assert [f.evidence["window"]["from_step"] for f in found if f.step < det.span_steps + every] == [every] * 2
 
 
 def test_bad_prices_and_device_counts_are_refused():

@@ -57,6 +57,13 @@ from grpo_monitor.fixtures.synthetic import generate
 from grpo_monitor.preflight.lint import lint, lint_path
 from tests.conftest import train_tiny
 
+
+def _watch_device_0(interval_s: float = 1.0):
+    """NVML device 0, the fake NVML's: the CPU runs here train on no GPU of their own to watch."""
+    from grpo_monitor.callbacks.options import DeviceOptions
+
+    return DeviceOptions(device=0, interval_s=interval_s)
+
 GIB = 1024**3
 START_UP = {"nvmlInit", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName", "nvmlDeviceGetUUID",
             "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMaxClockInfo"}
@@ -189,7 +196,7 @@ def _device_metrics(run_dir: Path) -> list[dict]:
 def test_a_throttling_gpu_is_recorded_per_step_and_the_training_thread_never_asks_nvml(tmp_path, monkeypatch):
     fake = FakeNVML(readings=throttling_episode(start=2, length=4))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    trainer, cb = train_tiny(tmp_path, steps=8, attach_options={"nvml_device": 0, "device_interval_s": 0.005})
+    trainer, cb = train_tiny(tmp_path, steps=8, attach_options={"device_health": _watch_device_0(0.005)})
     log = read_run(tmp_path)
     assert log.header["device"]["name"] == "NVIDIA H100 80GB HBM3" and log.header["device"]["unified_memory"] is None
     windows = [m for m in _device_metrics(tmp_path) if m.get("system/gpu_samples")]
@@ -220,7 +227,7 @@ def _no_device_trace(run_dir: Path, cb, caplog) -> None:
 
 def test_without_the_nvml_package_a_run_records_nothing_of_its_device(tmp_path, monkeypatch, quiet_monitor_logs):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    trainer, cb = train_tiny(tmp_path, steps=3, attach_options={"nvml_device": 0})
+    trainer, cb = train_tiny(tmp_path, steps=3, attach_options={"device_health": _watch_device_0()})
     _no_device_trace(tmp_path, cb, quiet_monitor_logs)
     assert "_generate" not in vars(trainer)
 
@@ -236,8 +243,8 @@ def test_a_run_that_trains_on_no_gpu_does_not_watch_one(tmp_path, monkeypatch, q
 def test_device_options_are_checked_at_attach():
     from grpo_monitor.callbacks.options import DeviceOptions
 
-    for bad in ({"interval_s": 0}, {"interval_s": True}, {"device": -1}, {"device": ""}, {"enabled": "yes"}):
-        with pytest.raises(ValueError):
+    for bad in ({"interval_s": 0}, {"interval_s": True}, {"device": -1}, {"device": ""}, {"device": True}):
+        with pytest.raises(ValueError, match=rf"^DeviceOptions\({next(iter(bad))}=\.\.\.\): "):
             DeviceOptions(**bad)
 
 
@@ -248,12 +255,12 @@ from grpo_monitor.fixtures.nvml import FakeNVML, HEALTHY, THERMAL
 import os
 sys.modules["pynvml"] = FakeNVML(readings=[THERMAL if os.environ["RANK"] == "1" else HEALTHY])
 import transformers
-from grpo_monitor import attach
+from grpo_monitor import DeviceOptions, attach
 from grpo_monitor.app.demo import build_trainer, demo_config
 warnings.filterwarnings("ignore")
 transformers.logging.set_verbosity_error()
 trainer = build_trainer(demo_config({out!r}, 3))
-attach(trainer, {run!r}, nvml_device=0, device_interval_s=0.005)
+attach(trainer, {run!r}, device_health=DeviceOptions(device=0, interval_s=0.005))
 trainer.train()
 '''
 
@@ -484,7 +491,7 @@ def test_no_caveat_for_a_discrete_gpu_short_rollouts_or_a_cpu_run():
 def test_lint_of_a_run_directory_knows_the_gpu_its_header_recorded(tmp_path, monkeypatch):
     fake = FakeNVML(devices=[dataclasses.replace(GB10)], readings=[STARVED])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    train_tiny(tmp_path, steps=2, attach_options={"nvml_device": 0, "device_interval_s": 0.005},
+    train_tiny(tmp_path, steps=2, attach_options={"device_health": _watch_device_0(0.005)},
                max_completion_length=1024)
     header = read_run(tmp_path).header
     assert header["device"]["unified_memory"] == "gb10" and header["device"]["memory_info"] is False
@@ -518,7 +525,7 @@ def test_the_lint_cli_takes_the_device_by_name(tmp_path, capsys):
 def test_analyze_reports_the_devices_health_when_the_run_logged_it(tmp_path, monkeypatch):
     fake = FakeNVML(devices=[DeviceSpec()], readings=[THERMAL])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    train_tiny(tmp_path, steps=3, attach_options={"nvml_device": 0, "device_interval_s": 0.005})
+    train_tiny(tmp_path, steps=3, attach_options={"device_health": _watch_device_0(0.005)})
     report = analyze(tmp_path)
     device = report.runs[0].to_dict()["device"]
     assert device["name"] == "NVIDIA H100 80GB HBM3" and device["temp_max_c"] == 89

@@ -25,7 +25,7 @@ def _train(tmp_path: Path, hook: Hook) -> Path:
     from trl import GRPOTrainer
 
     from grpo_monitor.app.demo import WARM_START_STEPS, demo_config
-    from grpo_monitor.callbacks import attach
+    from grpo_monitor.callbacks import AlertOptions, attach
     from grpo_monitor.fixtures.tiny import REWARD_FUNCS, build_dataset, build_model, build_tokenizer
 
     transformers.logging.set_verbosity_error()
@@ -38,7 +38,7 @@ def _train(tmp_path: Path, hook: Hook) -> Path:
     rules = tmp_path / "rules.json"
     rules.write_text(json.dumps({"rules": [RULE]}))
     run_dir = tmp_path / "run"
-    attach(trainer, run_dir, gpu_hour_price=4.0, rules=str(rules), alerts=hook.url(), alerts_min_severity="warning")
+    attach(trainer, run_dir, gpu_hour_price=4.0, rules=str(rules), alerts=AlertOptions(to=hook.url(), min_severity="warning"))
     trainer.train()
     return run_dir
 

@@ -575,3 +575,73 @@ async def test_gate_screen_shows_the_checks_and_the_verdict_keeps_them(tmp_path)
         assert "format_reward gave all 10 samples the same score 1" in _plain(app, "#checks")
         await pilot.press("a", "s", "q")
     assert json.loads((tmp_path / GATE_FILE).read_text())["checks"][0]["component"] == "format_reward"
+
+
+def _run_in_a_terminal(argv, keys_when, keys, timeout=240.0):
+    """``argv`` in a pseudo-terminal (the gate is a full-screen app); once ``keys_when`` is on the screen
+    the keys are typed one by one. Returns (exit code, everything it wrote)."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import subprocess
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color", "TEXTUAL_ANIMATIONS": "none", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    out, typed, end = b"", False, time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    chunk = b""
+                if not chunk and proc.poll() is not None:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+            if not typed and keys_when in out:
+                typed = True
+                for key in keys:
+                    os.write(master, key.encode())
+                    time.sleep(0.03)
+        return proc.wait(timeout=max(1.0, end - time.monotonic())), out.decode("utf-8", "replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+def test_the_command_a_refused_training_prints_runs_as_printed_on_the_tiny_model(tmp_path):
+    import shlex
+    from pathlib import Path
+
+    import transformers
+
+    from grpo_monitor.app.demo import build_trainer, demo_config
+    from grpo_monitor.callbacks import attach
+    from grpo_monitor.preflight.reward_gate import DEFAULT_NUM_SAMPLES, RewardGateError
+
+    transformers.logging.set_verbosity_error()
+    trainer = build_trainer(demo_config(tmp_path / "t", 2))
+    run = tmp_path / "run"
+    with pytest.raises(RewardGateError) as refused:
+        attach(trainer, run, require_reward_gate=True)
+    command = str(refused.value).split("Inspect the rewards first: ", 1)[1]
+    assert "<" not in command, command  # no placeholder left for the user to fill in
+    argv = shlex.split(command)
+    script = Path(sys.executable).with_name("grpo-monitor")
+    argv[0] = str(script) if script.is_file() else argv[0]
+    # Agree with every sample, save, quit: the gate's own verdict, not a usage error.
+    code, screen = _run_in_a_terminal(argv, b"agree", ["a"] * DEFAULT_NUM_SAMPLES + ["s", "q"])
+    assert "no tokenizer files" not in screen and code == 0, screen[-2000:]
+    assert "reward gate passed" in require_gate(trainer, run)

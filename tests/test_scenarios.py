@@ -47,8 +47,10 @@ def check_dapo_lineage(root: Path):
 def test_demo_collapse_auto_restart_switches_to_dapo(tmp_path):
     out = run("-m", "grpo_monitor", "demo", "--scenario", "collapse", "--auto-restart", "--max-restarts", "1",
               "--run-dir", str(tmp_path / "D"))
-    assert out.returncode == 0, out.stderr[-3000:]
+    # Not cured (the schedule is in the script): the lineage exits by its last segment's finding.
+    assert out.returncode == 1, out.stderr[-3000:]
     first, second = check_dapo_lineage(tmp_path / "D")
+    assert "exit 1: segment 2, the last, still has entropy_collapse (not cured by the restart)" in out.stdout
     assert "stopped at step" in out.stdout and "segment 2 (dapo" in out.stdout and "segment 1 (plain GRPO)" in out.stdout
     # The schedule is in the script: DAPO cannot undo it, and the demo says what a restart can and cannot fix.
     outcome = next(line for line in out.stdout.splitlines() if "covered" in line or "recovered" in line)
@@ -64,9 +66,35 @@ def test_demo_collapse_auto_restart_switches_to_dapo(tmp_path):
 def test_supervise_collapse_relaunches_the_script_with_dapo_flags(tmp_path):
     out = run("-m", "grpo_monitor", "supervise", "--run-dir", str(tmp_path / "D"), "--max-restarts", "1", "--",
               sys.executable, "examples/train.py", "--output_dir", str(tmp_path / "out"), "--scenario", "collapse")
-    assert out.returncode == 0, out.stderr[-3000:]
+    # The script exits 0 each time; the lineage is not cured (its last segment still collapses): exit 1.
+    assert out.returncode == 1, out.stderr[-3000:]
     check_dapo_lineage(tmp_path / "D")
     assert "--epsilon_high 0.28" in out.stderr  # the relaunch command line, as logged by the supervisor
+    assert "-- the whole lineage (2 segments)" in out.stdout and "exit 1: segment 2, the last" in out.stdout
+
+
+def test_supervise_ends_a_cured_lineage_with_the_demos_summary_and_exit_0(tmp_path):
+    out = run("-m", "grpo_monitor", "supervise", "--run-dir", str(tmp_path / "D"), "--max-restarts", "1", "--",
+              sys.executable, "examples/train.py", "--output_dir", str(tmp_path / "out"), "--scenario", "sudden_collapse")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(read_lineage(tmp_path / "D").segments) == 2
+    summary = out.stdout.split("-- segment 1 (plain GRPO)", 1)[1]
+    assert "[critical] sudden_collapse" in summary.split("-- segment 2 (lower_learning_rate", 1)[0]
+    assert "-- the whole lineage (2 segments)" in summary
+    assert ("exit 0: segment 2, the last, ended with no warning or critical finding; the findings of segment 1 were "
+            "acted on by the restart") in summary
+
+
+def test_the_moe_demo_says_nothing_about_the_training_is_flagged_and_lists_the_preflight_advice_apart(tmp_path):
+    out = run("-m", "grpo_monitor", "demo", "--moe", "--steps", "8", "--run-dir", str(tmp_path / "D"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    intro = out.stdout.splitlines()[0]
+    assert "nothing about the training is flagged" in intro and "not a flag on the training" in intro
+    training, _, preflight = out.stdout.partition("\n  pre-flight advice on the recipe (checked as training began")
+    # What the scenario says holds: no warning or critical among the training's findings; GSPO's is pre-flight.
+    assert "findings on the training:" in training and "(0 flagged: warning or critical)" in training
+    assert not re.search(r"^\s+\[(warning|critical)\]", training, re.M), training
+    assert "[warning] config_moe_gspo" in preflight
 
 
 def test_sudden_collapse_names_the_last_healthy_step_and_resumes_before_it(tmp_path):
@@ -99,7 +127,10 @@ def test_sudden_collapse_names_the_last_healthy_step_and_resumes_before_it(tmp_p
     assert rates and max(rates) <= first.header["config"]["learning_rate"] / 10 * 1.01
     assert len(second.steps) > 0 and second.steps[-1]["step"] == first.header["config"]["max_steps"]
     assert "lower_learning_rate" in out.stdout and "stopped at step" in out.stdout
-    assert "recovered: segment 2 (lower_learning_rate) ran to step 50 with no critical finding" in out.stdout
+    assert "recovered: segment 2 (lower_learning_rate) ran to step 50 with no warning or critical finding" in out.stdout
+    # Cured: the lineage exits 0 (above), and its summary says the first segment's findings were acted on.
+    assert "exit 0: segment 2, the last, ended with no warning or critical finding; the findings of segment 1 were " \
+           "acted on by the restart" in out.stdout
     assert not [f for f in second.findings if f["severity"] == "critical"]
     # One change, said once: the warning's advice is folded into the recommendation it became.
     first_summary = out.stdout.split("-- segment 1", 1)[1].split("-- segment 2", 1)[0]

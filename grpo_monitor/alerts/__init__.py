@@ -1,6 +1,6 @@
 """Alerts: findings sent where a team already looks.
 
-Live, ``attach(trainer, alerts=...)`` (or ``GRPO_MONITOR_WEBHOOK_URL``) sends one message per detector
+Live, ``attach(trainer, alerts=...)`` (a destination, a list of them, or ``AlertOptions``; or ``GRPO_MONITOR_WEBHOOK_URL``) sends one message per detector
 episode and severity, one when it resolves, and the run's life (a restart, a crash, its end) to each
 destination: Slack, Discord, Microsoft Teams, PagerDuty, any JSON webhook (with its own headers or
 payload template), email over SMTP. The trackers in ``args.report_to`` (W&B, trackio, TensorBoard,
@@ -17,24 +17,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpo_monitor.alerts.delivery import Outcome, RateLimit, Sender
-from grpo_monitor.alerts.dispatch import (
-    OPTION_KEYS,
-    AlertDispatcher,
-    AlertOptions,
-    build_dispatcher,
-    describe,
-    watch_training,
-)
+from grpo_monitor.alerts.dispatch import AlertDispatcher, build_dispatcher, describe
 from grpo_monitor.alerts.events import verdict_message
 from grpo_monitor.alerts.formats import FORMATS
+from grpo_monitor.alerts.options import AlertOptions, OptionError
 from grpo_monitor.alerts.webhook import ENV_URL, WebhookSender, detect_format, mask_url
 
 __all__ = [
     "ENV_URL",
     "FORMATS",
-    "OPTION_KEYS",
     "AlertDispatcher",
     "AlertOptions",
+    "OptionError",
     "Outcome",
     "RateLimit",
     "Sender",
@@ -46,7 +40,6 @@ __all__ = [
     "post_report",
     "redact",
     "report_messages",
-    "watch_training",
 ]
 
 # A verdict worth a message at each minimum severity: a run nothing could judge is never passed over
@@ -88,7 +81,10 @@ def report_messages(report: Any, min_severity: str = "warning") -> list[dict[str
 def cli_destination(spec: str, fmt: str | None = None) -> Any:
     """The destination ``grpo-monitor analyze --alerts SPEC`` sends to (checked now: a bad URL or
     format is one line before anything is read)."""
-    return AlertOptions(alerts=spec, alerts_format=fmt, alerts_trackers=False).routes[0].destination
+    try:
+        return AlertOptions(to=spec, format=fmt, trackers=False).routes[0].destination
+    except OptionError as exc:  # the command line says which flag; the reason is what it lacks
+        raise ValueError(exc.reason) from None
 
 
 def post_report(report: Any, destination: Any, min_severity: str = "warning") -> list[str]:

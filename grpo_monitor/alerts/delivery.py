@@ -53,7 +53,7 @@ class RateLimit:
 
     def __init__(self, per_minute: float = 20.0, burst: int = 5, clock: Callable[[], float] = time.monotonic) -> None:
         if not per_minute > 0 or burst < 1:
-            raise ValueError(f"the alerts rate limit needs alerts_per_minute > 0 and alerts_burst >= 1, got {per_minute}, {burst}")
+            raise ValueError(f"the alerts rate limit needs per_minute > 0 and burst >= 1, got {per_minute}, {burst}")
         self.rate = per_minute / 60.0
         self.burst = float(burst)
         self.tokens = float(burst)

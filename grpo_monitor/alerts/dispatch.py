@@ -2,13 +2,11 @@
 restart, the end, a crash); it fans them out to the trackers and to each destination (webhooks,
 email), each isolated from the others and from the run, and accounts for every message.
 
-``AlertOptions`` checks every option when ``attach`` is called, so a mistyped one is one clear
-error before training starts, never a line in the middle of it.
+The options it is built from are ``alerts.options.AlertOptions``, checked when ``attach`` is called.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -32,161 +30,14 @@ from grpo_monitor.alerts.events import (
     restart_message,
     verdict_of,
 )
-from grpo_monitor.alerts.formats import FORMATS
-from grpo_monitor.alerts.mail import EmailDestination
+from grpo_monitor.alerts.options import AlertOptions
 from grpo_monitor.alerts.trackers import SummaryState, TrackerWorker, build_sinks, reported_trackers
-from grpo_monitor.alerts.webhook import ENV_FORMAT, ENV_ROUTING_KEY, ENV_URL, WebhookDestination, mask_url
+from grpo_monitor.alerts.webhook import mask_url
 
 logger = logging.getLogger("grpo_monitor")
 
-# attach(...) keyword -> option name here; all optional.
-OPTION_KEYS = ("alerts", "alerts_format", "alerts_min_severity", "alerts_trackers", "alerts_per_minute",
-               "alerts_burst", "alerts_retries", "alerts_timeout", "alerts_flush_timeout", "alerts_headers",
-               "alerts_template", "alerts_mention", "alerts_max_per_run", "alerts_cooldown_steps")
-MIN_SEVERITIES = ("warning", "critical")
-# What a destination given as a dict may say; the options above are its defaults.
-WEBHOOK_KEYS = ("url", "format", "headers", "template", "mention", "routing_key", "idempotent", "min_severity",
-                "timeout", "retries", "per_minute", "burst")
-EMAIL_KEYS = ("email", "smtp", "from", "password", "min_severity", "timeout", "retries", "per_minute", "burst")
 # The open episodes a segment stopped for a restart hands to the next one (in its run directory).
 STATE_FILE = "alerts_state.json"
-
-
-def _number(name: str, value: Any, *, minimum: float, integer: bool = False, strict: bool = False) -> Any:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > minimum if strict else value >= minimum)
-    if ok and integer:
-        ok = float(value).is_integer()
-    if not ok:
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise ValueError(f"{name} must be a {'whole ' if integer else ''}number {bound}, got {value!r}")
-    return int(value) if integer else float(value)
-
-
-class Route:
-    """One destination as the dispatcher uses it: what it is, its rate limit and minimum severity."""
-
-    def __init__(self, destination: Any, *, min_severity: str, per_minute: float, burst: int) -> None:
-        self.destination = destination
-        self.min_rank = RANK[min_severity]
-        self.per_minute, self.burst = per_minute, burst
-
-    @property
-    def name(self) -> str:
-        return self.destination.name
-
-
-class AlertOptions:
-    """Every alert option, checked. ``alerts`` is a destination or a list of them: a webhook URL,
-    ``mailto:ADDRESS[,ADDRESS]`` (the SMTP server from ``$GRPO_MONITOR_SMTP_URL``), or a dict
-    (``{"url": ..., "format": ..., "headers": ..., "template": ..., "mention": ..., ...}`` or
-    ``{"email": ..., "smtp": ..., "from": ...}``); the other options are the destinations' defaults."""
-
-    def __init__(self, alerts: Any = None, alerts_format: str | None = None, alerts_min_severity: str = "warning",
-                 alerts_trackers: Any = True, alerts_per_minute: float = 20.0, alerts_burst: int = 5,
-                 alerts_retries: int = 3, alerts_timeout: float = 5.0, alerts_flush_timeout: float = 5.0,
-                 alerts_headers: Mapping[str, str] | None = None, alerts_template: Any = None,
-                 alerts_mention: str | None = None, alerts_max_per_run: int | None = None,
-                 alerts_cooldown_steps: int = 0) -> None:
-        if alerts_min_severity not in MIN_SEVERITIES:
-            raise ValueError(f"alerts_min_severity must be one of {MIN_SEVERITIES}, got {alerts_min_severity!r}")
-        fmt = alerts_format or os.environ.get(ENV_FORMAT) or None
-        if fmt is not None and fmt not in FORMATS:
-            raise ValueError(f"alerts_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-        if not (alerts_trackers is True or alerts_trackers is False or isinstance(alerts_trackers, (str, list, tuple))):
-            raise ValueError(f"alerts_trackers must be True, False or tracker names, got {alerts_trackers!r}")
-        self.enabled = alerts is not False
-        self.min_severity = alerts_min_severity
-        self.format = fmt
-        self.trackers = alerts_trackers
-        self.per_minute = _number("alerts_per_minute", alerts_per_minute, minimum=0, strict=True)
-        self.burst = _number("alerts_burst", alerts_burst, minimum=1, integer=True)
-        self.retries = _number("alerts_retries", alerts_retries, minimum=0, integer=True)
-        self.timeout = _number("alerts_timeout", alerts_timeout, minimum=0, strict=True)
-        self.flush_timeout = _number("alerts_flush_timeout", alerts_flush_timeout, minimum=0)
-        self.max_per_run = None if alerts_max_per_run is None else _number("alerts_max_per_run", alerts_max_per_run,
-                                                                           minimum=1, integer=True)
-        self.cooldown_steps = _number("alerts_cooldown_steps", alerts_cooldown_steps, minimum=0, integer=True)
-        self.headers, self.template, self.mention = alerts_headers, alerts_template, alerts_mention
-        specs: list[Any] = []
-        if self.enabled:
-            if alerts is None or alerts is True:
-                specs = [os.environ[ENV_URL]] if os.environ.get(ENV_URL) else []
-            elif isinstance(alerts, (str, Mapping)):
-                specs = [alerts]
-            elif isinstance(alerts, (list, tuple)):
-                specs = list(alerts)
-            else:
-                raise ValueError("alerts must be a webhook URL, mailto:ADDRESS, a dict describing a destination, "
-                                 f"a list of those, or False; got {type(alerts).__name__}")
-        self.routes = [self._route(s, i) for i, s in enumerate(specs)]
-
-    def _route(self, spec: Any, i: int) -> Route:
-        where = f"alerts destination {i + 1}" if i else "alerts"
-        if isinstance(spec, str):
-            if spec.startswith("mailto:"):
-                spec = {"email": spec[len("mailto:"):]}
-            else:
-                spec = {"url": spec}
-        if not isinstance(spec, Mapping):
-            raise ValueError(f"{where}: a destination is a URL, mailto:ADDRESS or a dict, got {type(spec).__name__}")
-        spec = dict(spec)
-        kind = "email" if "email" in spec else "webhook"
-        allowed = EMAIL_KEYS if kind == "email" else WEBHOOK_KEYS
-        unknown = sorted(set(spec) - set(allowed))
-        if unknown or (kind == "webhook" and "url" not in spec):
-            need = "" if "url" in spec or kind == "email" else "a 'url' or an 'email'; "
-            raise ValueError(f"{where}: {need}unknown keys {unknown}; a {kind} destination takes {', '.join(allowed)}")
-        min_severity = spec.get("min_severity", self.min_severity)
-        if min_severity not in MIN_SEVERITIES:
-            raise ValueError(f"{where}: min_severity must be one of {MIN_SEVERITIES}, got {min_severity!r}")
-        timeout = _number(f"{where}: timeout", spec.get("timeout", self.timeout), minimum=0, strict=True)
-        retries = _number(f"{where}: retries", spec.get("retries", self.retries), minimum=0, integer=True)
-        try:
-            if kind == "email":
-                dest: Any = EmailDestination(spec["email"], spec.get("smtp"), spec.get("from"), password=spec.get("password"),
-                                             timeout=timeout, retries=retries)
-            else:
-                url = spec["url"]
-                fmt = spec.get("format", self.format)
-                dest = WebhookDestination(url, fmt, headers=spec.get("headers", self.headers),
-                                          template=spec.get("template", self.template),
-                                          mention=spec.get("mention", self.mention),
-                                          routing_key=spec.get("routing_key") or os.environ.get(ENV_ROUTING_KEY),
-                                          idempotent=spec.get("idempotent"), timeout=timeout, retries=retries)
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}" if i else str(exc)) from None
-        return Route(dest, min_severity=min_severity,
-                     per_minute=_number(f"{where}: per_minute", spec.get("per_minute", self.per_minute), minimum=0, strict=True),
-                     burst=_number(f"{where}: burst", spec.get("burst", self.burst), minimum=1, integer=True))
-
-    @property
-    def url(self) -> str | None:
-        """The first webhook's URL (kept for callers that had one destination)."""
-        for r in self.routes:
-            if isinstance(r.destination, WebhookDestination):
-                return r.destination._url
-        return None
-
-    def scrub(self, text: str) -> str:
-        for r in self.routes:
-            text = r.destination.scrub(text)
-        return text
-
-    def __repr__(self) -> str:  # never a URL or a header
-        return f"AlertOptions(destinations={[r.name for r in self.routes]}, min_severity={self.min_severity})"
-
-    @classmethod
-    def of(cls, options: Any) -> AlertOptions:
-        if isinstance(options, AlertOptions):
-            return options
-        if options is None or isinstance(options, (str, bool, list, tuple)):
-            return cls(alerts=options)
-        if isinstance(options, Mapping):
-            unknown = set(options) - set(OPTION_KEYS)
-            if unknown:
-                raise ValueError(f"unknown alert options {sorted(unknown)}; known: {', '.join(OPTION_KEYS)}")
-            return cls(**options)
-        raise ValueError(f"alerts must be a webhook URL, False, or a dict of alert options, got {type(options).__name__}")
 
 
 class AlertDispatcher:
@@ -514,33 +365,9 @@ def build_dispatcher(trainer: Any, run_dir: Any, run_id: str | None, options: An
                            max_steps=max_steps if isinstance(max_steps, int) and max_steps > 0 else None)
 
 
-def watch_training(trainer: Any, dispatcher: Callable[[], AlertDispatcher | None]) -> None:
-    """Wrap ``trainer.train`` so that an exception escaping it (a reward function that raises, an
-    out-of-memory error, Ctrl-C) is said by the alerts, flushed and counted, then raised unchanged."""
-    train = trainer.train
-    if getattr(train, "__grpo_monitor_alerts__", False):
-        return
-
-    @functools.wraps(train)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return train(*args, **kwargs)
-        except (Exception, KeyboardInterrupt) as exc:
-            d = dispatcher()
-            if d is not None:
-                try:
-                    d.crash(exc, int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0))
-                except Exception as inner:  # the training's own exception is what the caller must see
-                    _log_error("alerts", inner)
-            raise
-
-    wrapped.__grpo_monitor_alerts__ = True  # type: ignore[attr-defined]
-    trainer.train = wrapped
-
-
 def describe(options: Any) -> list[str]:
     """The destinations of ``options``, masked (for a line saying where alerts go)."""
     return [r.name for r in AlertOptions.of(options).routes]
 
 
-__all__ = ["OPTION_KEYS", "AlertDispatcher", "AlertOptions", "build_dispatcher", "describe", "mask_url", "watch_training"]
+__all__ = ["AlertDispatcher", "AlertOptions", "build_dispatcher", "describe", "mask_url"]

@@ -208,7 +208,7 @@ def check_template(template: Any) -> Callable[[Mapping[str, Any]], Any] | Any:
     if template is None or callable(template):
         return template
     if not isinstance(template, (Mapping, list, tuple, str)):
-        raise ValueError(f"alerts_template must be a dict, list or string to fill in, or a function of the message; "
+        raise ValueError(f"template must be a dict, list or string to fill in, or a function of the message; "
                          f"got {type(template).__name__}")
     from grpo_monitor.alerts.events import RunInfo, finding_message
 
@@ -219,7 +219,7 @@ def check_template(template: Any) -> Callable[[Mapping[str, Any]], Any] | Any:
         fill(template, template_fields(sample, None))
     except KeyError as exc:
         known = ", ".join(sorted(template_fields(sample, None)))
-        raise ValueError(f"alerts_template names the field {{{exc.args[0]}}}, which no message has; fields: {known}") from None
+        raise ValueError(f"template names the field {{{exc.args[0]}}}, which no message has; fields: {known}") from None
     except (ValueError, IndexError) as exc:
-        raise ValueError(f"alerts_template cannot be filled in: {exc}") from None
+        raise ValueError(f"template cannot be filled in: {exc}") from None
     return template

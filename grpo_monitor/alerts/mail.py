@@ -87,7 +87,7 @@ class EmailDestination:
         self.sender = sender or f"grpo-monitor@{socket.gethostname() or 'localhost'}"
         _addresses([self.sender])
         if not timeout > 0 or retries < 0:
-            raise ValueError(f"alerts_timeout must be > 0 and alerts_retries >= 0, got {timeout}, {retries}")
+            raise ValueError(f"timeout must be > 0 and retries >= 0, got {timeout}, {retries}")
         self.timeout, self.retries, self.backoff, self.max_backoff = float(timeout), int(retries), backoff, max_backoff
         shown = ", ".join(self.to[:3]) + (f" and {len(self.to) - 3} more" if len(self.to) > 3 else "")
         self.name = f"email to {shown} via {self.scheme}://{self.host}:{self.port}"

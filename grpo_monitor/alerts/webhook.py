@@ -80,7 +80,7 @@ def scrub(text: str, url: str | None, *secrets: str) -> str:
 def detect_format(url: str, explicit: str | None = None) -> str:
     if explicit:
         if explicit not in FORMATS:
-            raise ValueError(f"alerts_format must be one of {', '.join(FORMATS)}, got {explicit!r}")
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {explicit!r}")
         return explicit
     parts = urlsplit(url)
     host = (parts.hostname or "").lower()
@@ -113,13 +113,13 @@ def check_headers(headers: Any) -> dict[str, str]:
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
-        raise ValueError(f"alerts_headers must be a dict of header names to values, got {type(headers).__name__}")
+        raise ValueError(f"headers must be a dict of header names to values, got {type(headers).__name__}")
     out = {}
     for name, value in headers.items():
         if not isinstance(name, str) or not _HEADER_NAME.match(name):
-            raise ValueError(f"alerts_headers: {name!r} is not an HTTP header name")
+            raise ValueError(f"headers: {name!r} is not an HTTP header name")
         if not isinstance(value, str) or "\r" in value or "\n" in value:
-            raise ValueError(f"alerts_headers: the value of {name} must be a one-line string")
+            raise ValueError(f"headers: the value of {name} must be a one-line string")
         out[name] = value
     return out
 
@@ -234,7 +234,7 @@ class WebhookDestination:
         self._headers = check_headers(headers)
         self.template = check_template(template)
         if mention is not None and (not isinstance(mention, str) or not mention.strip()):
-            raise ValueError(f"alerts_mention must be a non-empty string such as '<!here>', got {mention!r}")
+            raise ValueError(f"mention must be a non-empty string such as '<!here>', got {mention!r}")
         self.mention = mention
         self._routing_key = routing_key
         if self.format == "pagerduty" and template is None and not routing_key:
@@ -243,7 +243,7 @@ class WebhookDestination:
         # PagerDuty drops a repeated event by its dedup_key: trying again after a time-out is safe there.
         self.idempotent = bool(self.format == "pagerduty" and template is None) if idempotent is None else bool(idempotent)
         if not timeout > 0 or retries < 0:
-            raise ValueError(f"alerts_timeout must be > 0 and alerts_retries >= 0, got {timeout}, {retries}")
+            raise ValueError(f"timeout must be > 0 and retries >= 0, got {timeout}, {retries}")
         self.timeout, self.retries, self.backoff, self.max_backoff = float(timeout), int(retries), backoff, max_backoff
         self.name = f"webhook {mask_url(url)}"
 

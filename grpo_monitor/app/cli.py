@@ -152,11 +152,12 @@ def _demo(args: argparse.Namespace) -> int:
     trackers = [REPORT_TO_EXTRAS[t] for t in str(args.report_to).replace(",", " ").split() if t in REPORT_TO_EXTRAS]
     if _lacks_extras("demo", "train", *trackers):
         return ExitCode.BAD_INPUT
-    from grpo_monitor.app.demo import run_demo
+    from grpo_monitor.app.demo import lineage_exit_code, run_demo
 
-    run_demo(args.run_dir, steps=args.steps, moe=args.moe, report_to=args.report_to, scenario=args.scenario,
-             auto_restart=args.auto_restart, max_restarts=args.max_restarts)
-    return ExitCode.CLEAN
+    root = run_demo(args.run_dir, steps=args.steps, moe=args.moe, report_to=args.report_to, scenario=args.scenario,
+                    auto_restart=args.auto_restart, max_restarts=args.max_restarts)
+    # A plain demo's findings are what it demonstrates; a restarted lineage answers whether the restart cured it.
+    return lineage_exit_code(root)[0] if args.auto_restart else ExitCode.CLEAN
 
 
 def _analyze(args: argparse.Namespace) -> int:

@@ -22,7 +22,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "healthy": {"config": {}, "extra_rewards": [], "steps": 60, "switch": None,
                 # The warm-started tiny model already solves most of the toy task: plain GRPO keeps it there.
                 "what": "the recipe's plain GRPO on a warm-started model: reward holds near its level (about 1 of "
-                        "1.5), entropy stays steady, nothing is flagged",
+                        "1.5), entropy stays steady, nothing about the training is flagged (pre-flight advice on "
+                        "the recipe, such as GSPO for --moe, is printed as training starts and listed apart: it is "
+                        "not a flag on the training)",
                 "restart": None},
     "collapse": {"config": {"lr_scheduler_type": "constant", "max_completion_length": 32,
                             "save_strategy": "steps", "save_steps": 5},
@@ -273,13 +275,7 @@ def run_demo(
 
         lineage = run_with_restarts(make_trainer, args, run_dir=root, max_restarts=max_restarts)
         if not quiet:
-            for seg in lineage.segments:
-                # Segments are counted from 1, as the dashboard and analyze show them.
-                print_summary(seg.run_dir, title=f"segment {seg.index + 1}"
-                              + (f" ({seg.variant}: {seg.overrides})" if seg.variant else " (plain GRPO)"))
-            print(f"-- the whole lineage ({len(lineage.segments)} segments) in {time.time() - t0:.1f} s")
-            print("  " + restart_outcome(scenario, lineage, steps))
-            print(f"  next: grpo-monitor analyze {root}   |   grpo-monitor watch {root}")
+            print_lineage_summary(root, time.time() - t0, outcome=restart_outcome(scenario, lineage, steps))
         return root
     trainer = make_trainer(args)
     attach(trainer, root)
@@ -289,22 +285,68 @@ def run_demo(
     return root
 
 
+def lineage_exit_code(root: str | os.PathLike[str]) -> tuple[int, str]:
+    """The exit code of a lineage (``demo --auto-restart``, ``supervise``) and the sentence saying why.
+
+    Its last segment decides: 0 when that segment ended with no warning or critical finding on the training,
+    the earlier segments' findings having been acted on by the restarts that followed them; 1 when it still
+    has one (not cured, or no restart left). Pre-flight advice on the recipe never counts, as in ``analyze``.
+    """
+    from grpo_monitor.core.exit_codes import ExitCode
+    from grpo_monitor.core.lineage import read_lineage
+    from grpo_monitor.core.runlog import read_run
+
+    segments = read_lineage(root).segments
+    last = segments[-1]
+    flagged = [f["detector"] for f in read_run(last.run_dir).findings
+               if f.get("severity") in ("warning", "critical") and not str(f.get("detector", "")).startswith("config_")]
+    n = last.index + 1
+    if flagged:
+        return ExitCode.FINDINGS, (f"exit 1: segment {n}, the last, still has {', '.join(dict.fromkeys(flagged))}"
+                                   + (" (not cured by the restart)" if n > 1 else ""))
+    if n == 1:
+        return ExitCode.CLEAN, "exit 0: no warning or critical finding on the training"
+    return ExitCode.CLEAN, (f"exit 0: segment {n}, the last, ended with no warning or critical finding; the findings "
+                            f"of segment{'s 1-' + str(n - 1) if n > 2 else ' 1'} were acted on by the restart"
+                            f"{'s' if n > 2 else ''} (see them above, and in grpo-monitor analyze {root})")
+
+
+def print_lineage_summary(root: str | os.PathLike[str], seconds: float | None = None, outcome: str | None = None) -> int:
+    """Each segment's summary, then the lineage's: how it ended and the exit code that follows
+    (``lineage_exit_code``), which it returns. ``outcome``: a sentence on what the restarts did."""
+    from grpo_monitor.core.lineage import read_lineage
+
+    segments = read_lineage(root).segments
+    for seg in segments:
+        # Segments are counted from 1, as the dashboard and analyze show them.
+        print_summary(seg.run_dir, title=f"segment {seg.index + 1}"
+                      + (f" ({seg.variant}: {seg.overrides})" if seg.variant else " (plain GRPO)"))
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    print(f"-- the whole lineage ({len(segments)} segment{'s' if len(segments) != 1 else ''}){took}")
+    if outcome:
+        print("  " + outcome)
+    code, why = lineage_exit_code(root)
+    print("  " + why)
+    print(f"  next: grpo-monitor analyze {root}   |   grpo-monitor watch {root}")
+    return code
+
+
 def restart_outcome(scenario: str, lineage: Any, steps: int) -> str:
-    """One sentence on what the restarts did: the last segment recovered (ran to its end with no open
-    critical finding), or what a restart can and cannot fix in this scenario."""
+    """One sentence on what the restarts did: the last segment recovered (ran to its end with no warning or
+    critical finding, the rule ``lineage_exit_code`` exits by), or what a restart can and cannot fix here."""
     from grpo_monitor.core.runlog import read_run
 
     spec = SCENARIOS[scenario].get("restart") or {}
     last = lineage.segments[-1]
     log = read_run(last.run_dir)
     ended = bool(log.steps) and int(log.steps[-1]["step"]) >= steps and not log.restarts
-    open_critical = [f["detector"] for f in log.findings if f["severity"] == "critical"
+    open_critical = [f["detector"] for f in log.findings if f["severity"] in ("warning", "critical")
                      and not str(f["detector"]).startswith("config_")]
     if len(lineage.segments) == 1:
         head = "no restart: nothing confirmed a failure" if ended else "no restart"
     elif ended and not open_critical:
         head = (f"recovered: segment {last.index + 1} ({last.variant or 'plain GRPO'}) ran to step {steps} "
-                "with no critical finding")
+                "with no warning or critical finding")
     else:
         head = (f"not recovered: segment {last.index + 1} ({last.variant or 'plain GRPO'}) "
                 + (f"raised {', '.join(dict.fromkeys(open_critical))} again" if open_critical else "did not reach its end"))
@@ -397,9 +439,18 @@ def print_summary(run_dir: Path, seconds: float | None = None, title: str | None
     where = f"last recorded step ({log.steps[-1]['step']})" if loss is not None and log.steps else "last step"
     print(f"  {where}: entropy {fmt('entropy')}, reward {fmt('reward')}, mean length {fmt('completions/mean_length')}, "
           f"clipped {fmt('completions/clipped_ratio')}")
-    print(f"  samples recorded: {len(log.samples)}; findings: {len(log.findings)}")
-    for f in log.findings:
+    # Pre-flight findings judge the recipe before the first step: advice, listed apart from the training's.
+    preflight = [f for f in log.findings if str(f.get("detector", "")).startswith("config_")]
+    training = [f for f in log.findings if not str(f.get("detector", "")).startswith("config_")]
+    flags = sum(f.get("severity") in ("warning", "critical") for f in training)
+    print(f"  samples recorded: {len(log.samples)}; findings on the training: {len(training)} ({flags} flagged: "
+          f"warning or critical)")
+    for f in training:
         print(f"  [{f['severity']}] {f['detector']} at step {f['step']}: {f['message']}")
+    if preflight:
+        print("  pre-flight advice on the recipe (checked as training began; not a flag on the training):")
+        for f in preflight:
+            print(f"    [{f['severity']}] {f['detector']}: {f['message']}")
     for r in shown_recommendations(log.recommendations):
         change = "  |  ".join(x for x in (r.get("python"), r.get("cli_flags")) if x)
         print(f"  {rec_title(r)}{advised_note(r)}" + (f": {change}" if change else ""))

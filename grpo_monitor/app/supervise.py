@@ -9,6 +9,11 @@ scripts and ``trl grpo``) and passed in ``GRPO_MONITOR_OVERRIDES`` for scripts t
 ``grpo_monitor.core.restart.patched_args(args)`` instead. Any other exit ends supervision with the child's
 exit code: a crash the monitor did not ask for is never restarted. One supervisor per run
 directory (a lock file).
+
+When the command ends well (exit 0, or a stop for a restart with no restart left) the supervisor prints
+the lineage's summary, as ``demo --auto-restart`` does, and exits by its last segment
+(``grpo_monitor.app.demo.lineage_exit_code``): 0 when it ended with no warning or critical finding, the
+earlier segments' findings having been acted on by the restarts; 1 when it still has one.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ def supervise(
         raise ValueError(f"--apply must be one of {APPLY_MODES}")
     root = Path(run_dir)
     lock = _lock(root)
+    began = time.time()
     try:
         plan = None
         for segment in range(max_restarts + 1):
@@ -80,16 +86,34 @@ def supervise(
             if new_plan is None or new_plan.segment != segment:
                 if rc != 0:
                     log(f"grpo-monitor supervise: the command exited with {rc} without a restart request; not restarting")
-                return rc
+                return _lineage_end(root, rc, time.time() - began, log)
             if segment >= max_restarts:
                 log(f"grpo-monitor supervise: restart to {new_plan.variant} requested but max_restarts={max_restarts} reached")
-                return rc
+                return _lineage_end(root, rc, time.time() - began, log)
             log(f"grpo-monitor supervise: the monitor stopped segment {segment + 1} at step {new_plan.step}; "
                 f"restarting with {new_plan.variant}: {new_plan.config_overrides}")
             plan = new_plan
         return 0
     finally:
         lock.close()
+
+
+def _lineage_end(root: Path, rc: int, seconds: float, log) -> int:
+    """The lineage's summary and exit code where the command ended well; a failed command's own code,
+    untouched, otherwise (a crash never reads as findings, nor as a cure)."""
+    if rc != 0:
+        return rc
+    from grpo_monitor.core.runlog import is_run_dir
+
+    if not is_run_dir(root):
+        return rc  # the command never attached the monitor here: nothing to sum up
+    from grpo_monitor.app.demo import print_lineage_summary
+
+    try:
+        return print_lineage_summary(root, seconds)
+    except Exception as exc:  # the summary is a reading of the logs: a damaged one must not change the exit
+        log(f"grpo-monitor supervise: no lineage summary ({type(exc).__name__}: {exc})")
+        return rc
 
 
 def _run(cmd: Sequence[str], env: dict[str, str]) -> int:

@@ -9,8 +9,11 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the training integration needs the 'train' extra: pip install 'grpo-monitor[train]'") from exc
 
+from grpo_monitor.alerts.options import AlertOptions
 from grpo_monitor.callbacks.attach import attach
 from grpo_monitor.callbacks.monitor_callback import MonitorCallback
+from grpo_monitor.callbacks.options import DeviceOptions, RestartOptions, RewardGateOptions, RouterOptions, SampleOptions
 from grpo_monitor.callbacks.reward_tap import SampleRetention
 
-__all__ = ["MonitorCallback", "SampleRetention", "attach"]
+__all__ = ["AlertOptions", "DeviceOptions", "MonitorCallback", "RestartOptions", "RewardGateOptions", "RouterOptions",
+           "SampleOptions", "SampleRetention", "attach"]

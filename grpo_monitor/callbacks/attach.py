@@ -1,18 +1,29 @@
-"""``attach(trainer)``: the two-line integration."""
+"""``attach(trainer)``: the two-line integration, and the one wrapper around ``trainer.train``."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import inspect
 import logging
 import os
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
+from grpo_monitor.alerts.options import AlertOptions, OptionError, from_shorthand
 from grpo_monitor.callbacks.finding_costs import FindingCosts
 from grpo_monitor.callbacks.monitor_callback import MonitorCallback
-from grpo_monitor.callbacks.options import DeviceOptions, RestartOptions, RouterOptions, SampleOptions, SegmentPlace
+from grpo_monitor.callbacks.options import (
+    DeviceOptions,
+    RestartOptions,
+    RewardGateOptions,
+    RouterOptions,
+    SampleOptions,
+    SegmentPlace,
+)
 from grpo_monitor.callbacks.reward_tap import SampleRetention
 from grpo_monitor.core.runlog import RUN_FILE
 from grpo_monitor.detectors.base import Detector
@@ -40,13 +51,12 @@ def _check_reward_roles(trainer: Any, options: dict[str, Any]) -> None:
     """A named correctness or format reward must be one of the trainer's reward functions: a typo
     would otherwise leave every sample's ``correct`` empty for the whole run."""
     names = list(getattr(trainer, "reward_func_names", None) or [])
-    if not names:
-        return
-    for option in ("correctness_reward", "format_reward"):
-        value = options.get(option)
-        if value is not None and value not in names:
-            raise ValueError(f"{option}={value!r} is not one of this trainer's reward functions "
-                             f"({', '.join(names)}); pass one of those names")
+    for option, value in options.items():
+        if value is not None and not isinstance(value, str):
+            raise OptionError(f"attach({option}=...)", f"must be a reward function's name, got {value!r}")
+        if value is not None and names and value not in names:
+            raise OptionError(f"attach({option}=...)", f"{value!r} is not one of this trainer's reward functions "
+                                                       f"({', '.join(names)}); pass one of those names")
 
 
 def _is_main_process(trainer: Any) -> bool:
@@ -89,119 +99,193 @@ def _announce(callback: MonitorCallback, given: dict[str, Any]) -> None:
             "attach(trainer, correctness_reward=%r)", ", ".join(names), candidates[0])
 
 
+# attach's keywords of old, each now a field of an options object: the error says where it went.
+_MOVED = {
+    "max_text_chars": "sample_text=SampleOptions(max_text_chars=...)",
+    "correct_threshold": "sample_text=SampleOptions(correct_threshold=...)",
+    "moe_probe_every": "router_tap=RouterOptions(probe_every=...)",
+    "device_interval_s": "device_health=DeviceOptions(interval_s=...)",
+    "nvml_device": "device_health=DeviceOptions(device=...)",
+    "max_restarts": "auto_restart=RestartOptions(max_restarts=...)",
+    "restart_from": "auto_restart=RestartOptions(restart_from=...)",
+    "gate_min_agreement": "require_reward_gate=RewardGateOptions(min_agreement=...)",
+}
+
+
 def _unknown_keywords(unknown: Sequence[str]) -> str:
-    """The one-line error for keywords ``attach`` does not take, with the nearest it does.
+    """The one-line error for keywords ``attach`` does not take: where a keyword of old went, else
+    the nearest it does take.
 
     >>> _unknown_keywords(["correctnes_reward"])
     "grpo_monitor.attach() got an unexpected keyword argument 'correctnes_reward' (did you mean correctness_reward?); see help(grpo_monitor.attach)"
+    >>> _unknown_keywords(["alerts_min_severity"])
+    "grpo_monitor.attach() got an unexpected keyword argument 'alerts_min_severity' (write alerts=AlertOptions(to=..., min_severity=...)); see help(grpo_monitor.attach)"
     """
     import difflib
-    import inspect
 
-    known = [n for n in inspect.signature(attach).parameters if n not in ("trainer", "alert_options")]
-    hints = [m[0] for k in unknown for m in [difflib.get_close_matches(k, known, n=1)] if m]
-    hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    known = [n for n in inspect.signature(attach).parameters if n != "trainer"]
+    alert_fields = {f.name for f in dataclasses.fields(AlertOptions) if f.init}
+    moved, hints = [], []
+    for k in unknown:
+        field = k.removeprefix("alerts_")
+        if k in _MOVED:
+            moved.append(_MOVED[k])
+        elif k.startswith("alerts_") and field in alert_fields:
+            moved.append(f"alerts=AlertOptions(to=..., {field}=...)")
+        else:
+            hints += difflib.get_close_matches(k, known, n=1)
+    hint = (f" (write {'; '.join(moved)})" if moved else "") + (f" (did you mean {', '.join(hints)}?)" if hints else "")
     many = len(unknown) > 1
     return (f"grpo_monitor.attach() got {'' if many else 'an '}unexpected keyword argument{'s' if many else ''} "
             f"{', '.join(map(repr, unknown))}{hint}; see help(grpo_monitor.attach)")
 
 
-def _note_interruptions(trainer: Any, callback: MonitorCallback) -> None:
-    """A training loop that leaves by an exception (Ctrl-C, a crash) calls no callback: ``train`` is
-    wrapped so the monitor can say so (``MonitorCallback.interrupted``); the exception goes on unchanged."""
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _names_unknown_keywords(fn: F) -> F:
+    """Python's own error for an unknown keyword names neither the package nor where an old keyword went."""
+    params = inspect.signature(fn).parameters
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        unknown = [k for k in kwargs if k not in params]
+        if unknown:
+            raise TypeError(_unknown_keywords(unknown))
+        return fn(*args, **kwargs)
+
+    return cast(F, checked)
+
+
+def _feature(param: str, value: Any, options: type[Any]) -> Any:
+    """A feature parameter's value as its options (None when off): True is the defaults, False off."""
+    if value is True:
+        return options()
+    if value is False:
+        return None
+    if isinstance(value, options):
+        return value
+    raise OptionError(f"attach({param}=...)", f"must be True, False or a {options.__name__}, got {value!r}")
+
+
+def _watch_train(trainer: Any, callback: MonitorCallback) -> None:
+    """Wrap ``trainer.train``, once: a training loop that leaves by an exception (a crash, Ctrl-C,
+    ``sys.exit``) calls no callback, so the monitor hears of it here (``MonitorCallback.interrupted``:
+    the alerts' crash message, the run log's note, the parts let go of). Whatever goes wrong in the
+    monitor meanwhile is logged once; the training's own exception is raised unchanged."""
     train = trainer.train
+    if getattr(train, "__grpo_monitor__", None) is callback:
+        return
 
     @functools.wraps(train)
-    def train_and_note(*args: Any, **kwargs: Any) -> Any:
+    def train_watched(*args: Any, **kwargs: Any) -> Any:
         try:
             return train(*args, **kwargs)
         except BaseException as exc:
-            callback.interrupted(exc)
+            try:
+                callback.interrupted(exc)
+            except Exception as err:  # the caller must see the training's exception, not the monitor's
+                with contextlib.suppress(Exception):
+                    callback.report_error("interruption", err)
             raise
 
-    trainer.train = train_and_note
+    train_watched.__grpo_monitor__ = callback  # type: ignore[attr-defined]
+    trainer.train = train_watched
 
 
+@_names_unknown_keywords
 def attach(
     trainer: Any,
     run_dir: str | os.PathLike[str] | None = None,
     *,
-    detectors: Sequence[Detector] | None = None,
+    alerts: AlertOptions | str | Mapping[str, Any] | Sequence[str | Mapping[str, Any]] | bool | None = None,
     correctness_reward: str | None = None,
     format_reward: str | None = None,
-    correct_threshold: float = 0.0,
-    sample_text: str | Mapping[str, int] | SampleRetention = "default",
-    max_text_chars: int = 2000,
-    router_tap: bool = True,
-    moe_probe_every: int = 10,
-    device_health: bool = True,
-    device_interval_s: float = 1.0,
-    nvml_device: int | str | None = None,
-    auto_restart: bool = False,
-    max_restarts: int = 2,
-    restart_from: str = "before_onset",
-    alerts: Any = None,
-    dashboard: bool = False,
-    require_reward_gate: bool = False,
-    gate_min_agreement: float = 0.9,
-    place: SegmentPlace | None = None,
-    gpu_hour_price: float | None = None,
+    sample_text: SampleOptions | str | Mapping[str, int] | SampleRetention = "default",
+    auto_restart: RestartOptions | bool = False,
+    device_health: DeviceOptions | bool = True,
+    router_tap: RouterOptions | bool = True,
+    require_reward_gate: RewardGateOptions | bool = False,
+    detectors: Sequence[Detector] | None = None,
     rules: str | os.PathLike[str] | Sequence[Any] | None = None,
-    **alert_options: Any,
+    gpu_hour_price: float | None = None,
+    dashboard: bool = False,
+    place: SegmentPlace | None = None,
 ) -> MonitorCallback:
     """Attach the monitor to a ``GRPOTrainer`` (or any TRL/transformers trainer) and return its callback.
 
     ``run_dir`` defaults to ``<output_dir>/grpo-monitor``; under ``grpo-monitor supervise`` the
-    supervisor's segment directory wins.
+    supervisor's segment directory wins. Everything is checked before the trainer is touched: a wrong
+    value is one ``ValueError`` line naming the parameter as written (``attach(alerts=...): ...``,
+    ``RestartOptions(max_restarts=...): ...``).
 
-    - ``detectors``: a list replacing the built-in set.
+    - ``alerts``: an ``AlertOptions``, or its ``to`` alone: a webhook URL (Slack, Discord, Teams, PagerDuty,
+      any JSON endpoint), ``mailto:ADDRESS``, a dict describing a destination, or a list of those; None:
+      ``$GRPO_MONITOR_WEBHOOK_URL``; False turns every alert off, the trackers' too. See ``docs/ALERTS.md``.
     - ``correctness_reward`` / ``format_reward``: reward function names, checked against the trainer's;
-      guessed from the names otherwise (a warning names the option when no correctness reward is
-      recognised). ``correct_threshold``: a correctness reward above it counts as correct (default 0).
-    - ``sample_text``: which completions keep text (``"default"`` keeps, per step, 32 completions drawn
-      fairly plus the best and worst of 8 groups and 4 truncated ones, all of a step with at most 32;
-      ``"all"``, ``"none"``, or a ``SampleRetention``/dict with ``fair``, ``groups``, ``truncated``; every
-      completion keeps its numbers either way); ``max_text_chars``: characters kept per text (head and tail).
-    - ``router_tap``: False leaves a MoE model's routers unhooked (no ``moe/*`` routing metrics);
-      ``moe_probe_every``: the routing flip-rate probe interval in steps.
-    - ``device_health``: the GPU's utilisation, memory, temperature, power, SM clock and throttle reasons
-      through NVML (``pip install 'grpo-monitor[gpu]'``), read every ``device_interval_s`` seconds on a
-      thread of its own, plus the share of time spent generating, as ``system/gpu_*`` metrics; nothing
-      happens without NVML or a GPU. ``nvml_device`` (an NVML index or UUID) watches that device instead
-      of the one each rank trains on.
-    - ``auto_restart``: stop on a confirmed finding and write a restart plan (off by default);
-      ``max_restarts`` (default 2); ``restart_from`` (``before_onset``, ``latest`` or ``initial``).
-    - ``alerts``: a destination or a list of them (a Slack, Discord, Teams, PagerDuty or other webhook URL,
-      ``mailto:ADDRESS``, or a dict with its own ``headers``, ``template``, ``mention``, ...; default
-      ``$GRPO_MONITOR_WEBHOOK_URL``; False turns every alert off, the trackers' too), with ``alerts_*``
-      options: ``alerts_format`` (``slack``/``discord``/``teams``/``pagerduty``/``generic``, else from the
-      URL), ``alerts_min_severity`` (``warning`` or ``critical``), ``alerts_trackers`` (True: the trackers
-      in ``args.report_to``; False or a list of names), ``alerts_per_minute``/``alerts_burst`` (rate
-      limit), ``alerts_retries``, ``alerts_timeout``, ``alerts_flush_timeout``, ``alerts_headers``,
-      ``alerts_template``, ``alerts_mention`` (critical messages only), ``alerts_max_per_run``,
-      ``alerts_cooldown_steps`` — all checked here; see ``docs/ALERTS.md``.
-    - ``require_reward_gate=True`` refuses to train (``RewardGateError``, naming the command to run) until
-      ``grpo-monitor inspect-rewards`` has saved a passed verdict for these reward functions in the run
-      directory, with at least ``gate_min_agreement`` of the judged samples agreed with.
-    - ``dashboard=True`` prints the ``grpo-monitor watch`` command for this run.
-    - ``place``: where the run stands in a restarted lineage (``run_with_restarts`` and the supervisor
-      set it).
-    - ``gpu_hour_price``: the price of one GPU-hour; each finding's ``evidence["cost"]`` (steps, wall time and
-      GPU-hours since its onset, the share of rollouts without learning signal or cut) then has money too.
-    - ``rules``: a team's rule file (JSON, YAML or TOML; see the README) or its rules as dicts: extra checks
-      that raise findings like the built-in detectors, recorded in the run header.
+      guessed from the names otherwise (a warning names the option when no correctness reward is recognised).
+    - ``sample_text``: a ``SampleOptions`` (which completions keep text, how much, the correctness
+      threshold), or its ``sample_text`` alone: ``"default"``, ``"all"``, ``"none"``, or a dict /
+      ``SampleRetention`` with ``fair``, ``groups``, ``truncated``.
+    - ``auto_restart``: True or a ``RestartOptions`` (``max_restarts``, ``restart_from``) stops on a confirmed
+      finding and writes a restart plan (off by default).
+    - ``device_health``: the GPU's health through NVML (on by default; inert without NVML or a GPU); False
+      turns it off, a ``DeviceOptions`` sets ``interval_s`` and ``device``.
+    - ``router_tap``: a MoE model's routing statistics (on by default); False leaves the routers unhooked,
+      a ``RouterOptions`` sets ``probe_every``.
+    - ``require_reward_gate``: True or a ``RewardGateOptions`` (``min_agreement``) refuses to train
+      (``RewardGateError``, naming the command to run) until ``grpo-monitor inspect-rewards`` has saved a
+      passed verdict for these reward functions in the run directory.
+    - ``detectors``: a list replacing the built-in set. ``rules``: a team's rule file (JSON, YAML or TOML;
+      see the README) or its rules as dicts, recorded in the run header. ``gpu_hour_price``: the price of
+      one GPU-hour, so each finding's ``evidence["cost"]`` has money too.
+    - ``dashboard=True`` prints the ``grpo-monitor watch`` command for this run. ``place``: where the run
+      stands in a restarted lineage (``run_with_restarts`` and the supervisor set it).
 
-    The main process says once where the run log goes and which reward functions count as correctness
-    and as format.
+    ``trainer.train`` is wrapped once, so a crash or Ctrl-C is said in the alerts and the run log and then
+    raised unchanged. The main process says once where the run log goes and which reward functions count
+    as correctness and as format.
 
-    >>> monitor_cb = attach(trainer)          # doctest: +SKIP
-    >>> trainer.train()                       # doctest: +SKIP
+    >>> monitor_cb = attach(trainer, alerts="https://hooks.slack.com/services/T/B/x")   # doctest: +SKIP
+    >>> trainer.train()                                                                   # doctest: +SKIP
     """
     from grpo_monitor.core.restart import env_state
 
     for cb in getattr(trainer.callback_handler, "callbacks", []):
         if isinstance(cb, MonitorCallback):
-            return cb  # attaching twice would double-wrap the reward functions
+            return cb  # attaching twice would double-wrap the reward functions and the training
+    if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+        raise OptionError("attach(run_dir=...)", f"must be a folder path, got {type(run_dir).__name__}")
+    if not isinstance(dashboard, bool):
+        raise OptionError("attach(dashboard=...)", f"must be True or False, got {dashboard!r}")
+    if place is not None and not isinstance(place, SegmentPlace):
+        raise OptionError("attach(place=...)", f"must be a SegmentPlace, got {type(place).__name__}")
+    if detectors is not None and (isinstance(detectors, (str, bytes)) or not isinstance(detectors, Sequence)
+                                  or not all(isinstance(d, Detector) for d in detectors)):
+        raise OptionError("attach(detectors=...)", f"must be a list of Detector instances, got {detectors!r}")
+    # Checked here (the environment's webhook too), so a mistyped option fails now, not mid-run.
+    alert_opts = AlertOptions.of(alerts, "alerts")
+    samples = sample_text if isinstance(sample_text, SampleOptions) else \
+        from_shorthand(SampleOptions, "sample_text", sample_text, "sample_text")
+    restarts = _feature("auto_restart", auto_restart, RestartOptions)
+    device = _feature("device_health", device_health, DeviceOptions)
+    router = _feature("router_tap", router_tap, RouterOptions)
+    gate = _feature("require_reward_gate", require_reward_gate, RewardGateOptions)
+    given = {"correctness_reward": correctness_reward, "format_reward": format_reward}
+    _check_reward_roles(trainer, given)
+    loaded: list[Any] = []
+    if rules is not None:
+        from grpo_monitor.core.rules import load_rules
+
+        try:  # a broken rule file fails now, not mid-run
+            loaded = load_rules(rules)
+        except ValueError as exc:
+            raise OptionError("attach(rules=...)", str(exc).removeprefix("rules: ")) from None
+    try:
+        costs = FindingCosts(gpu_hour_price, loaded)
+    except ValueError as exc:
+        raise OptionError("attach(gpu_hour_price=...)", str(exc).removeprefix("gpu_hour_price ")) from None
+
     supervised = env_state()
     directory = Path(supervised["run_dir"] or run_dir or default_run_dir(trainer))
     if place is None:
@@ -211,43 +295,22 @@ def attach(
                                  tried=supervised["tried"], applied_overrides=supervised["overrides"],
                                  lineage_root=directory.parent if supervised["segment"] > 0 else directory,
                                  parent_run=supervised["parent_run"])
-            auto_restart = auto_restart or bool(supervised["auto_restart"])
-            if supervised["max_restarts"] is not None:
-                max_restarts = supervised["max_restarts"]
+            if restarts is None and supervised["auto_restart"]:
+                restarts = RestartOptions()
+            if restarts is not None and supervised["max_restarts"] is not None:
+                restarts = dataclasses.replace(restarts, max_restarts=supervised["max_restarts"])
             _check_overrides_applied(trainer.args, supervised["overrides"])
-    unknown = [k for k in alert_options if not k.startswith("alerts_")]
-    if unknown:
-        raise TypeError(_unknown_keywords(unknown))
-    if require_reward_gate:
+    if gate is not None:
         from grpo_monitor.preflight.reward_gate import require_gate
 
         # Every rank checks, so all of them refuse together.
-        logger.info("grpo-monitor: %s", require_gate(trainer, directory, gate_min_agreement))
-    from grpo_monitor.alerts import AlertOptions, watch_training
-
-    # Checked here (those from the environment too), so a mistyped option fails at attach time rather than
-    # as a warning mid-run.
-    alert_opts = AlertOptions.of({**({"alerts": alerts} if alerts is not None else {}), **alert_options})
-    from grpo_monitor.core.rules import load_rules
-
-    # Built and checked here, so a broken rule file fails at attach time, not mid-run.
-    costs = FindingCosts(gpu_hour_price, load_rules(rules) if rules is not None else ())
-    given = {"correctness_reward": correctness_reward, "format_reward": format_reward}
-    _check_reward_roles(trainer, given)
+        logger.info("grpo-monitor: %s", require_gate(trainer, directory, gate.min_agreement))
     callback = MonitorCallback(
-        trainer, directory, detectors=detectors,
-        samples=SampleOptions(correctness_reward, format_reward, correct_threshold, max_text_chars, sample_text),
-        restarts=RestartOptions(auto_restart, max_restarts, restart_from),
-        place=place,
-        router=RouterOptions(router_tap, moe_probe_every),
-        alerts=alert_opts,
-        costs=costs,
-        device=DeviceOptions(device_health, device_interval_s, nvml_device),
+        trainer, directory, detectors=detectors, correctness_reward=correctness_reward, format_reward=format_reward,
+        samples=samples, restarts=restarts, place=place, router=router, alerts=alert_opts, costs=costs, device=device,
     )
     trainer.add_callback(callback)
-    if alert_opts.enabled:
-        watch_training(trainer, lambda: callback.alerts)  # a crash is said in the alerts, then raised unchanged
-    _note_interruptions(trainer, callback)
+    _watch_train(trainer, callback)
     if _is_main_process(trainer):
         _announce(callback, given)
     if dashboard and getattr(trainer.args, "process_index", 0) == 0:

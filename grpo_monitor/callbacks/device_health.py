@@ -39,7 +39,7 @@ def nvml_index(cuda_index: int) -> int:
 class DeviceHealth:
     """One rank's device readings and generation time, per log."""
 
-    def __init__(self, trainer: Any, options: DeviceOptions) -> None:
+    def __init__(self, trainer: Any, options: DeviceOptions | None) -> None:
         self.trainer = trainer
         self.options = options
         self.sampler: DeviceSampler | None = None
@@ -54,22 +54,23 @@ class DeviceHealth:
 
     def start(self) -> dict[str, Any] | None:
         """Start sampling; the device's facts for the run header, or None when nothing is sampled."""
-        if not self.options.enabled or self.sampler is not None:
+        options = self.options
+        if options is None or self.sampler is not None:
             return self.facts
         torch_dev = cuda_device(initialised_only=True)
-        target = self.options.device
+        target = options.device
         if target is None:
             if torch_dev is None:
                 return None  # not training on a GPU: nothing to watch
             target = torch_dev["uuid"] or torch_dev["index"]
-        sampler = start_sampler(target, self.options.interval_s)
-        if sampler is None and torch_dev is not None and self.options.device is None and target == torch_dev["uuid"]:
-            sampler = start_sampler(nvml_index(torch_dev["index"]), self.options.interval_s)  # no UUID lookup
+        sampler = start_sampler(target, options.interval_s)
+        if sampler is None and torch_dev is not None and options.device is None and target == torch_dev["uuid"]:
+            sampler = start_sampler(nvml_index(torch_dev["index"]), options.interval_s)  # no UUID lookup
         if sampler is None:
             return None
         self.sampler = sampler
         facts = sampler.facts
-        if torch_dev is not None and self.options.device is None:
+        if torch_dev is not None and options.device is None:
             facts["integrated"] = torch_dev["integrated"]
             if facts.get("total_gib") is None:  # a unified-memory device: what torch may allocate
                 facts["total_gib"] = torch_dev["total_gib"]

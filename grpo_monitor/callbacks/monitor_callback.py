@@ -86,14 +86,18 @@ class MonitorCallback(TrainerCallback):
         run_dir: str | os.PathLike[str],
         *,
         detectors: Sequence[Detector] | None = None,
+        correctness_reward: str | None = None,
+        format_reward: str | None = None,
         samples: SampleOptions = SampleOptions(),
-        restarts: RestartOptions = RestartOptions(),
+        restarts: RestartOptions | None = None,
         place: SegmentPlace = SegmentPlace(),
-        router: RouterOptions = RouterOptions(),
+        router: RouterOptions | None = RouterOptions(),
         alerts: Any = None,
         costs: FindingCosts | None = None,
-        device: DeviceOptions = DeviceOptions(),
+        device: DeviceOptions | None = DeviceOptions(),
     ) -> None:
+        """``restarts``, ``router`` and ``device`` None turn that part off; ``alerts`` is an
+        ``AlertOptions`` or what its ``to`` takes."""
         self.trainer = trainer
         self.costs = costs or FindingCosts()
         self.run_dir = Path(run_dir)
@@ -106,7 +110,7 @@ class MonitorCallback(TrainerCallback):
         self.exchange = RankExchange(self.report_error)
         self.tensorboard = TensorBoardMirror(trainer)
         self.device = DeviceHealth(trainer, device)
-        self.alert_options = alerts  # a webhook URL, False, or alert options (grpo_monitor.alerts)
+        self.alert_options = alerts  # an AlertOptions, or what its ``to`` takes (grpo_monitor.alerts)
         self.alerts: Any = None
         self.writer: RunWriter | None = None
         self.router_tap: Any = None
@@ -116,8 +120,8 @@ class MonitorCallback(TrainerCallback):
         self._step_metrics: dict[str, Any] = {}
         self.reward_names = list(getattr(trainer, "reward_func_names", []) or [])
         guessed_correct, guessed_format = reward_roles(self.reward_names)
-        self.correctness_reward = samples.correctness_reward or guessed_correct
-        self.format_reward = samples.format_reward or guessed_format
+        self.correctness_reward = correctness_reward or guessed_correct
+        self.format_reward = format_reward or guessed_format
         self.context = RunContext(
             reward_names=self.reward_names,
             correctness_reward=self.correctness_reward,
@@ -235,7 +239,7 @@ class MonitorCallback(TrainerCallback):
                 segment=self.place.segment,
                 applied_overrides=dict(self.place.applied_overrides),
                 tried_variants=list(self.place.tried),
-                auto_restart=self.restarts.options.auto_restart,
+                auto_restart=self.restarts.options is not None,
                 **self.costs.header_fields(),
                 **({"device": device} if device else {}),  # the GPU as NVML reports it, when it does
             )
@@ -263,7 +267,7 @@ class MonitorCallback(TrainerCallback):
                        "grpo-monitor: [%s] %s: %s", f.severity, f.detector, f.message)
 
     def _install_router_tap(self, model: Any) -> None:
-        if not self.router_options.router_tap:
+        if self.router_options is None:
             return
         from grpo_monitor.callbacks.router_tap import RouterTap
 
@@ -386,11 +390,16 @@ class MonitorCallback(TrainerCallback):
                 self._guard("alerts", self.alerts.restart, plan.to_dict())
 
     def interrupted(self, exc: BaseException) -> None:
-        """The training loop left with ``exc`` (Ctrl-C, a crash): say so once at the console and in the
-        run log, whose steps stay as they are, then let go of what ``on_train_end`` would have."""
+        """The training loop left with ``exc`` (Ctrl-C, a crash, ``sys.exit``), which calls no callback:
+        the alerts say a crash or Ctrl-C (a deliberate exit is no crash) and are flushed and counted; the
+        console and the run log, whose steps stay as they are, say it once; then what ``on_train_end``
+        would have let go of is let go of. Each part is guarded: the caller raises ``exc`` unchanged."""
+        state = getattr(self.trainer, "state", None)
+        step = getattr(state, "global_step", 0)
+        step = step if isinstance(step, int) else 0
+        if self.alerts is not None and isinstance(exc, (Exception, KeyboardInterrupt)):
+            self._guard("alerts", self.alerts.crash, exc, step)
         try:
-            state = getattr(self.trainer, "state", None)
-            step = int(getattr(state, "global_step", 0) or 0)
             main = bool(getattr(state, "is_world_process_zero", True))
             how = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else \
                 f"stopped by {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}".rstrip(": ")

@@ -57,7 +57,7 @@ logger = logging.getLogger("grpo_monitor")
 class RestartPolicy:
     """Decides whether a step's findings stop the run, and builds the plan when they do."""
 
-    def __init__(self, options: RestartOptions, place: SegmentPlace, lineage_root: Path, run_id: str) -> None:
+    def __init__(self, options: RestartOptions | None, place: SegmentPlace, lineage_root: Path, run_id: str) -> None:
         self.options = options
         self.place = place
         self.lineage_root = lineage_root
@@ -68,12 +68,12 @@ class RestartPolicy:
     @property
     def active(self) -> bool:
         """Still watching: asked for, and not decided yet."""
-        return self.options.auto_restart and self.plan is None and self.halted is None
+        return self.options is not None and self.plan is None and self.halted is None
 
     def decide(self, args: Any, state: Any, findings: list[Finding], context: RunContext) -> RestartPlan | Halt | None:
         """The plan for the first finding whose recommendation is a change not yet tried, within the budget; else a
         halt for the first confirmed finding no change cures; else None (train on)."""
-        if self.place.restarts_done < self.options.max_restarts:
+        if self.options is not None and self.place.restarts_done < self.options.max_restarts:
             for f in findings:
                 rec = recommend(f.to_dict(), context.config, is_moe=context.is_moe, tried=list(self.place.tried))
                 if rec is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_monitor.callbacks.attach import attach
-from grpo_monitor.callbacks.options import SegmentPlace
+from grpo_monitor.callbacks.options import RestartOptions, SegmentPlace
 from grpo_monitor.core.catalogue import apply_overrides
 from grpo_monitor.core.lineage import Lineage, Segment
 from grpo_monitor.core.restart import RestartPlan, segment_dir
@@ -28,13 +28,15 @@ def run_with_restarts(
     ``make_trainer(args)`` builds a ``GRPOTrainer`` from a ``GRPOConfig``; it is called once per
     segment with the patched config (validated against the installed TRL). Each segment writes its
     run log under ``run_dir`` (``segment-<n>/`` from the first restart on) and its checkpoints under
-    ``<output_dir>/segment-<n>``. Returns the lineage.
+    ``<output_dir>/segment-<n>``. ``attach_options`` go to each segment's ``attach`` (``alerts=``,
+    ``detectors=``, ...). Returns the lineage.
 
     >>> lineage = run_with_restarts(lambda a: GRPOTrainer(model, rewards, args=a, train_dataset=ds), args)  # doctest: +SKIP
     >>> [s.variant for s in lineage.segments]                                                              # doctest: +SKIP
     [None, 'dapo']
     """
     root = Path(run_dir) if run_dir is not None else Path(args.output_dir) / "grpo-monitor"
+    restarts = RestartOptions(max_restarts=max_restarts, restart_from=restart_from)
     plan: RestartPlan | None = None
     segments: list[Segment] = []
     for n in range(max_restarts + 1):
@@ -47,8 +49,7 @@ def run_with_restarts(
         place = SegmentPlace(segment=n, restarts_done=n, lineage_root=root, tried=plan.tried if plan else [],
                              applied_overrides=plan.cumulative_overrides if plan else {},
                              parent_run=plan.parent_run if plan else None)
-        callback = attach(trainer, segment_dir(root, n), auto_restart=True, max_restarts=max_restarts,
-                          restart_from=restart_from, place=place, **attach_options)
+        callback = attach(trainer, segment_dir(root, n), auto_restart=restarts, place=place, **attach_options)
         trainer.train(resume_from_checkpoint=plan.resume_from if plan else None)
         segments.append(
             Segment(n, segment_dir(root, n), callback.restart_plan, plan.variant if plan else None,

@@ -15,8 +15,11 @@ or were cut. A finding raised at step ``s`` with onset ``o`` gets ``evidence["co
 - **GPU-hours** = wall time x devices, where the device count is known (the run header's ``world_size``,
   or given); **money** = GPU-hours x the price per GPU-hour the user gives (``gpu_hour_price``).
 
-Totals are kept per logged point as cumulative sums in flat arrays, thinned by halving past ``max_points``
-(a lookup then rounds the onset to a kept point), so memory stays bounded on any run.
+Totals are kept per logged point as cumulative sums in flat arrays, thinned by halving past ``max_points``,
+so memory stays bounded on any run. A point covers the steps since the point before it; a cost from a step
+inside that stretch (a sparse log's interval, or a stretch between points kept after thinning) takes its
+share of it, so the steps counted from ``o`` to ``s`` are never more than ``s - o + 1`` and never begin
+before the first logged step.
 """
 
 from __future__ import annotations
@@ -156,15 +159,31 @@ class CostMeter:
     # -- what it cost ----------------------------------------------------------------------------
 
     def _at(self, step: int) -> dict[str, float]:
-        """The totals up to and including ``step`` (zero before the first point)."""
+        """The totals up to and including ``step``: zero before the first point, the last point's past the end.
+
+        A point stands for the steps since the point before it, evenly, so a step between two points takes
+        its share of the later one: a cost from a step inside a sparse log's interval (or from a point
+        itself, which covers the steps before it) counts only the steps from there, never the whole
+        interval, and a lookup between points kept after thinning does not round back to the earlier one.
+        """
         i = bisect.bisect_right(self.steps, step) - 1
         if i < 0:
             return dict.fromkeys(_COLS, 0.0)
-        return {c: self.cum[c][i] for c in _COLS}
+        if i + 1 == len(self.steps) or self.steps[i] == step:
+            return {c: self.cum[c][i] for c in _COLS}
+        share = (step - self.steps[i]) / (self.steps[i + 1] - self.steps[i])
+        return {c: self.cum[c][i] + share * (self.cum[c][i + 1] - self.cum[c][i]) for c in _COLS}
 
     def between(self, since: int, until: int) -> dict[str, Any] | None:
-        """The cost of the logged steps from ``since`` to ``until`` (both included); None before any step."""
+        """The cost of the logged steps from ``since`` to ``until`` (both included); None before any step.
+
+        Never more than ``until - since + 1`` steps, and none before the first logged step: an onset
+        estimated before the log began is costed from its first point.
+        """
         if not len(self.steps) or until < since:
+            return None
+        since = max(int(since), int(self.steps[0]))
+        if until < since:
             return None
         end, begin = self._at(until), self._at(since - 1)
         d = {c: end[c] - begin[c] for c in _COLS}

@@ -190,7 +190,8 @@ class LengthRewardCoupling(Detector):
             return Assessment(0, ev)
         # Trend window: the last span_steps steps, widened to min_points points.
         wsteps = list(self.length.window.steps)
-        start = step - self.span_steps
+        # Early in a run the span reaches back before the first point: the window starts where the log does.
+        start = max(step - self.span_steps, wsteps[0])
         if sum(1 for s in wsteps if s >= start) < self.min_points:
             start = wsteps[-self.min_points] if len(wsteps) >= self.min_points else wsteps[0]
         ls, lv = self._window(self.length.window, start)

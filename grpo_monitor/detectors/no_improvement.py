@@ -82,7 +82,8 @@ class NoImprovement(Detector):
         # The spacing of the points that carry a reward (the blocks are cut from those alone).
         self.reward_clock = StepClock()
         self.correctness = CorrectnessSource(self.context)
-        self.done: deque[tuple[float, float, float, float]] = deque(maxlen=self.blocks)  # (mid step, mean, signal, correctness)
+        # (mid step, mean, signal, correctness, first step)
+        self.done: deque[tuple[float, float, float, float, int]] = deque(maxlen=self.blocks)
         self.early: list[float] = []
         self.fix: dict[str, Any] = {}
         self._open(None)
@@ -125,7 +126,7 @@ class NoImprovement(Detector):
         mean = self.b_sum / self.b_n
         signal = self.b_sig / self.b_sig_n if self.b_sig_n else math.nan
         cor = self.b_cor / self.b_cor_n if self.b_cor_n else math.nan
-        self.done.append((0.5 * ((self.b_start or step) + step), mean, signal, cor))
+        self.done.append((0.5 * ((self.b_start or step) + step), mean, signal, cor, self.b_start or step))
         if len(self.early) < 3:
             self.early.append(mean)
         self._open(None)
@@ -169,7 +170,9 @@ class NoImprovement(Detector):
             return Assessment(0, ev)
         causes = ev["causes"] = self._causes(ev)
         self.fix = self._overrides_for(causes, ev) if causes else {}
-        return Assessment(2 if causes else 1, ev, onset_step=int(xs[0] - 0.5 * self.b_len))
+        # The oldest block's own first step: half a nominal block back from its middle lands before the first
+        # logged step on a sparse log (a block of 25 steps logged every 10 starts at 10, its middle is 20).
+        return Assessment(2 if causes else 1, ev, onset_step=int(self.done[0][4]))
 
     def _causes(self, ev: dict[str, Any]) -> list[str]:
         cfg = self.context.config or {}

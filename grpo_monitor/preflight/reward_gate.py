@@ -43,6 +43,10 @@ from grpo_monitor.detectors.numbers import to_number
 from grpo_monitor.rewards.registry import RewardSpecError, load_reward_func
 
 GATE_FILE = "reward_gate.json"
+# The trainer's prompts, written beside the verdict when training is refused: a dataset built in memory has
+# no file the gate's command could name.
+PROMPTS_FILE = "gate_prompts.jsonl"
+MAX_SAVED_PROMPTS = 1000
 TRL_DEFAULT_MAX_COMPLETION_LENGTH = 512  # GRPOConfig's default in TRL 1.16
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                    "spiece.model", "sentencepiece.bpe.model")
@@ -614,22 +618,52 @@ def load_verdict(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     return json.loads(p.read_text(encoding="utf-8"))
 
 
+def save_prompts(run_dir: str | os.PathLike[str], dataset: Any, limit: int = MAX_SAVED_PROMPTS) -> Path | None:
+    """The first ``limit`` rows of a training dataset that carry a prompt (with the columns the reward
+    functions read), as ``<run_dir>/gate_prompts.jsonl``, written atomically; None when it has none or
+    cannot be written."""
+    if dataset is None:
+        return None
+    rows = []
+    try:
+        for i in range(min(len(dataset), limit)):
+            row = dataset[i]
+            if isinstance(row, Mapping) and "prompt" in row:
+                rows.append(json.dumps(dict(row), ensure_ascii=False, default=str))
+    except Exception:  # a streaming or exotic dataset: the command keeps its placeholder
+        return None
+    if not rows:
+        return None
+    d = Path(run_dir)
+    tmp = d / f".{PROMPTS_FILE}.tmp{os.getpid()}"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        os.replace(tmp, d / PROMPTS_FILE)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return None
+    return d / PROMPTS_FILE
+
+
 def gate_command(run_dir: str | os.PathLike[str], reward_funcs: Sequence[Any], model: str | None = None,
-                 dataset: str | None = None) -> str:
+                 dataset: str | None = None, tokenizer: str | None = None) -> str:
     """The exact ``grpo-monitor inspect-rewards`` command for this run."""
     import shlex
 
     specs = " ".join(shlex.quote(reward_func_spec(f) if not isinstance(f, str) else f) for f in reward_funcs)
     src = f"--model {shlex.quote(str(model))}" if model else "--model <MODEL_DIR>"
+    if model and tokenizer:
+        src += f" --tokenizer {shlex.quote(str(tokenizer))}"
     ds = f"--dataset {shlex.quote(str(dataset))}" if dataset else "--dataset <PROMPTS.jsonl>"
     return f"grpo-monitor inspect-rewards --run-dir {shlex.quote(str(run_dir))} {src} {ds} --reward-funcs {specs}"
 
 
 def check_gate(run_dir: str | os.PathLike[str], reward_funcs: Sequence[Any], min_agreement: float = DEFAULT_THRESHOLD,
-               *, model: str | None = None, dataset: str | None = None) -> tuple[bool, str]:
+               *, model: str | None = None, dataset: str | None = None, tokenizer: str | None = None) -> tuple[bool, str]:
     """Whether a human-judged gate with at least ``min_agreement`` pass rate covers exactly these
     reward functions (names and source hashes). The message says why not and how to run it."""
-    cmd = gate_command(run_dir, reward_funcs, model, dataset)
+    cmd = gate_command(run_dir, reward_funcs, model, dataset, tokenizer)
     how = f"Inspect the rewards first: {cmd}"
     try:
         verdict = load_verdict(run_dir)
@@ -1134,12 +1168,32 @@ def main_inspect(argv: Sequence[str] | None = None, open_screen: OpenScreen | No
     return run_inspect_cli(parser.parse_args(argv), open_screen)
 
 
+def trainer_tokenizer_path(trainer: Any, model_path: str | None) -> str | None:
+    """Where the trainer's tokenizer was loaded from, when the model folder has no tokenizer files of its
+    own (``inspect-rewards --model`` would find none there); None otherwise."""
+    if not model_path or not tokenizer_files_missing(model_path):
+        return None
+    proc = getattr(trainer, "processing_class", None)
+    tok = getattr(proc, "tokenizer", proc)  # a multimodal processor carries its tokenizer
+    where = getattr(tok, "name_or_path", None)
+    return str(where) if where and str(where) != str(model_path) else None
+
+
 def check_trainer_gate(trainer: Any, run_dir: str | os.PathLike[str], min_agreement: float = DEFAULT_THRESHOLD) -> tuple[bool, str]:
-    """``check_gate`` for a TRL trainer: its reward functions, and its model path in the command."""
+    """``check_gate`` for a TRL trainer: its reward functions, and in the command its model path, the
+    tokenizer the trainer uses where the model folder lacks one, and its prompts (``save_prompts``), so
+    the command runs as printed."""
     model = getattr(trainer, "model", None)
     path = getattr(getattr(model, "config", None), "_name_or_path", None) or None
     funcs = [f for f in (getattr(trainer, "reward_funcs", None) or []) if callable(f) and not hasattr(f, "config")]
-    return check_gate(run_dir, funcs, min_agreement, model=path)
+    tokenizer = trainer_tokenizer_path(trainer, path)
+    ok, message = check_gate(run_dir, funcs, min_agreement, model=path, tokenizer=tokenizer)
+    if ok:
+        return ok, message
+    prompts = save_prompts(run_dir, getattr(trainer, "train_dataset", None))
+    if prompts is None:
+        return ok, message
+    return check_gate(run_dir, funcs, min_agreement, model=path, dataset=str(prompts), tokenizer=tokenizer)
 
 
 def require_gate(trainer: Any, run_dir: str | os.PathLike[str], min_agreement: float = DEFAULT_THRESHOLD) -> str:

@@ -40,8 +40,22 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
-    """(language, body) of every closed ``` fence, in order."""
-    return [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
+    """(language, body) of every closed ``` fence, in order.
+
+    >>> fenced_blocks("```Python run\\nx = 1\\n``` and ```\\ny\\n```")
+    [('python', 'x = 1\\n'), ('', 'y\\n')]
+    """
+    # An opening fence needs a newline after it and a closing fence after that newline, so every
+    # opening after the last newline that precedes the last ``` fails, and each failed attempt reads
+    # to the end of the text: a line of "``` " * n cost n squared steps, on every completion of every
+    # step. Every match ends by the first ``` after that newline, so the search stops there; the
+    # openings before it all succeed, and the search is linear with the same matches.
+    last = text.rfind("```")
+    newline = text.rfind("\n", 0, last) if last > 0 else -1
+    if newline < 0:
+        return []
+    end = text.find("```", newline + 1) + 3
+    return [(lang.lower() if lang else lang, body) for lang, body in _FENCE.findall(text, 0, end)]
 
 
 def extract_code(text: str, languages: tuple[str, ...] = ("python", "py", "python3")) -> str:

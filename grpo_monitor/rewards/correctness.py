@@ -15,6 +15,13 @@ equality of the extracted answers, for non-maths tasks.
 
 Scores 1.0 or 0.0; None when the example has no usable gold answer (TRL skips it); when no column
 holds one at all, a warning names the columns looked for and those given, once.
+
+Bounded work on any text (a reward runs on every completion of every step, and the policy writes
+the text): the answer is looked for only in the last ``ANSWER_WINDOW`` characters (64 Ki, some
+16k tokens: a final answer closes the completion, and one followed by that much more text is not
+its final answer), every search is linear, and math-verify is asked only about answers of up to
+``MATH_VERIFY_CHARS`` characters (1024; a final answer, even a matrix of fractions, is a few
+hundred at most), with its log lines cut to 300 characters during our calls.
 """
 
 from __future__ import annotations
@@ -35,29 +42,73 @@ GOLD_COLUMNS = ("answer", "solution", "target", "ground_truth", "final_answer", 
 TRL_ARGUMENTS = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
 
 
-def _balanced(text: str, start: int) -> tuple[str, int] | None:
-    """Contents of the brace group opening at ``text[start] == '{'`` and the index after it."""
-    depth = 0
-    for j in range(start, len(text)):
-        ch = text[j]
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1:j], j + 1
+ANSWER_WINDOW = 64 * 1024
+MATH_VERIFY_CHARS = 1024
+_MATH_VERIFY_LOG_CHARS = 300
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*(\{)")
+_BRACE = re.compile(r"[{}]")
+_TAG_OPEN = re.compile(r"<answer>", re.I)
+_TAG_CLOSE = re.compile(r"</answer>", re.I)
+
+
+def _window(text: str) -> int:
+    """Where the search for the answer starts: the last ``ANSWER_WINDOW`` characters."""
+    return max(0, len(text) - ANSWER_WINDOW)
+
+
+def _last_boxed(text: str, start: int) -> str | None:
+    """Contents of the last ``\\boxed{`` / ``\\fbox{`` from ``start`` whose brace group closes.
+
+    Braces are matched right to left, once: reading each opening's group forward to its close
+    read ``"\\boxed{" * n`` n squared times.
+
+    >>> _last_boxed(r"\\boxed{1} and \\boxed{\\frac{2}{3}} then \\boxed{4", 0)
+    '\\\\frac{2}{3}'
+    """
+    first = _BOXED.search(text, start)
+    if first is None:
+        return None
+    opens = [m.start(1) for m in _BOXED.finditer(text, first.start())]
+    k = len(opens) - 1
+    closes: list[int] = []  # the '}' to the right not yet matched, the nearest last
+    for j in reversed([m.start() for m in _BRACE.finditer(text, opens[0])]):
+        if text[j] == "}":
+            closes.append(j)
+            continue
+        close = closes.pop() if closes else None
+        if j == opens[k]:
+            if close is not None:
+                return text[j + 1:close]
+            k -= 1
+            if k < 0:
+                break
     return None
 
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*(\{)")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+def _last_tag(text: str, start: int) -> str | None:
+    """Contents of the last match of ``<answer>(.*?)</answer>`` (re.S, re.I) from ``start``: one
+    forward pass, where the regex reread the rest of the text from every unclosed ``<answer>``."""
+    last = None
+    opening, closing = _TAG_OPEN.search, _TAG_CLOSE.search
+    m = opening(text, start)
+    while m is not None:
+        c = closing(text, m.end())
+        if c is None:
+            break
+        last = text[m.end():c.start()]
+        m = opening(text, c.end())
+    return last
+
 _GSM = re.compile(r"####\s*([^\n]+)")
 _SAYS = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*([^\n]+)|^\s*answer\s*:\s*([^\n]+)", re.I | re.M)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 # A stated answer that opens with a number is that number ("12, since 3 x 4 = 12"; "7 (seven)"); any
 # other ends where an aside begins: a comma or semicolon, a parenthesis, "since", "because", ...
 _LEADING_NUMBER = re.compile(r"\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?)(?![\w.]|,\d{3}|\.\d|\s*/\s*\d|\s*[*^+\-x×]\s*\d)")
-_ASIDE = re.compile(r"\s*(?:[,;]\s|\s\(|\s(?:since|because|as|which|so|for|given|where|when)\b|\s[-–—]\s)", re.I)
+# No leading ``\s*``: in a run of spaces it retried the rest of the run from each (n squared), and
+# the text before the aside is stripped, so where the spaces before it begin does not matter.
+_ASIDE = re.compile(r"(?:[,;]\s|\s\(|\s(?:since|because|as|which|so|for|given|where|when)\b|\s[-–—]\s)", re.I)
 
 
 def _stated(value: str) -> str:
@@ -82,27 +133,25 @@ def extract_answer(text: str) -> tuple[str, str] | None:
     """(answer, how it was found) or None; ``how`` is boxed | answer_tag | gsm8k | stated | last_number."""
     if not isinstance(text, str) or not text.strip():
         return None
-    boxed = None
-    for m in _BOXED.finditer(text):
-        got = _balanced(text, m.start(1))
-        if got is not None:
-            boxed = got[0]
+    start = _window(text)
+    boxed = _last_boxed(text, start) if "\\" in text else None
     if boxed is not None and boxed.strip():
         return boxed.strip(), "boxed"
-    tags = _ANSWER_TAG.findall(text)
-    if tags and tags[-1].strip():
-        inner = tags[-1].strip()
+    tag = _last_tag(text, start)
+    if tag is not None and tag.strip():
+        inner = tag.strip()
         nested = extract_answer(inner) if "\\boxed" in inner else None
         return (nested[0] if nested else inner), "answer_tag"
-    gsm = _GSM.findall(text)
+    gsm = _GSM.findall(text, start)
     if gsm and gsm[-1].strip():
         return gsm[-1].strip(), "gsm8k"
-    said = _SAYS.findall(text)
+    said = _SAYS.findall(text, start)
     if said:
         val = next((a or b for a, b in reversed(said) if (a or b).strip()), "")
-        if _stated(val):
-            return _stated(val), "stated"
-    nums = _NUMBER.findall(text)
+        stated = _stated(val)
+        if stated:
+            return stated, "stated"
+    nums = _NUMBER.findall(text, start)
     if nums:
         return nums[-1].strip(), "last_number"
     return None
@@ -155,10 +204,40 @@ def normalize_string(s: str) -> str:
     return re.sub(r"\s+", " ", str(s)).strip().strip(".!?;:\"'").strip().casefold()
 
 
-_MV_LOCK = threading.Lock()
+_MV_CALL = threading.local()
+
+
+class _CapLog(logging.Filter):
+    """math-verify logs the whole text it failed to parse (a warning on every timeout): during our
+    calls its lines are cut to ``_MATH_VERIFY_LOG_CHARS``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(_MV_CALL, "active", False):
+            msg = record.getMessage()
+            if len(msg) > _MATH_VERIFY_LOG_CHARS:
+                record.msg = f"{msg[:_MATH_VERIFY_LOG_CHARS]} [... {len(msg) - _MATH_VERIFY_LOG_CHARS} characters omitted]"
+                record.args = ()
+        return True
+
+
+_CAP_LOG = _CapLog()
 
 
 def _math_verify_equal(gold: str, answer: str) -> bool:
+    if len(answer) > MATH_VERIFY_CHARS:
+        return False
+    for name in ("math_verify.parser", "math_verify.grader"):
+        log = logging.getLogger(name)
+        if _CAP_LOG not in log.filters:
+            log.addFilter(_CAP_LOG)
+    _MV_CALL.active = True
+    try:
+        return _math_verify_equal_uncapped(gold, answer)
+    finally:
+        _MV_CALL.active = False
+
+
+def _math_verify_equal_uncapped(gold: str, answer: str) -> bool:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     main = threading.current_thread() is threading.main_thread()

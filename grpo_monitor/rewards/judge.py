@@ -36,7 +36,9 @@ USER = "Rubric:\n%(rubric)s\n\nPrompt:\n%(prompt)s\n\nResponse:\n%(completion)s"
 
 _JSON_OBJ = re.compile(r"\{[^{}]*\}", re.S)
 _SCORE_WORD = re.compile(r"score\"?\s*[:=]\s*\"?(-?\d+(?:\.\d+)?)", re.I)
-_OUT_OF = re.compile(r"(-?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)")
+# ``(?<!\d)``: a search retried every suffix of a run of digits, each to the run's end (n squared on
+# "1" * n); a suffix matches only where the whole run does, which is found first.
+_OUT_OF = re.compile(r"(-?(?<!\d)\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)")
 
 
 class JudgeError(Exception):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,29 +21,58 @@ logger = logging.getLogger(__name__)
 _NOTHING = object()
 
 
+# Bounds on the work per completion, which the policy writes. Fenced JSON is read whole, whatever
+# its size, from the last ``FENCE_TRIES`` json/untagged blocks back (a completion has a few; "```\n"
+# repeated has a block every 8 characters). Bare JSON is looked for in the last ``BARE_JSON_WINDOW``
+# characters (32 Ki, some 8k tokens: an answer is at the end, and a longer one is fenced), and
+# parses that fail may read ``BARE_JSON_WORK`` characters in all: a truncated answer costs its
+# nesting depth times its length, "[" * n (or "[1," * n) would cost up to the interpreter's
+# recursion limit times n.
+FENCE_TRIES = 64
+BARE_JSON_WINDOW = 32 * 1024
+BARE_JSON_WORK = 16 * BARE_JSON_WINDOW
+# Where a JSON object or array can begin: "{" must be followed by a key or "}", "[" by a value or "]"
+# (JSON whitespace between). Any other "{" or "[" fails to parse, so skipping it changes nothing.
+_JSON_START = re.compile(r'\{[ \t\n\r]*["}]|\[[ \t\n\r]*[\]\[{"ntfNI0-9-]')
+# A failed parse formats its error with the line number: counting newlines from the start of the
+# string it was given. Parses run on a copy that starts at most this far before them.
+_RESLICE = 256
+
+
 def extract_json(text: str) -> Any:
     """The JSON value in ``text``: the last ```json (or untagged) fenced block that parses, else the
     last object or array that parses anywhere in the text; ``None`` is returned as a value only when
     the JSON is ``null``, so absence is the sentinel ``extract_json.NOTHING``."""
+    tries = 0
     for lang, body in reversed(fenced_blocks(text)):
         if lang in ("json", "jsonc", ""):
             try:
                 return json.loads(body)
-            except ValueError:
-                continue
+            except (ValueError, RecursionError):
+                tries += 1
+                if tries >= FENCE_TRIES:
+                    break
     dec = json.JSONDecoder()
     found: Any = _NOTHING
-    i = 0
-    while True:
-        starts = [p for p in (text.find("{", i), text.find("[", i)) if p >= 0]
-        if not starts:
+    off = i = max(0, len(text) - BARE_JSON_WINDOW)
+    doc = text[off:]
+    work = BARE_JSON_WORK
+    while work > 0:
+        if i - off > _RESLICE:
+            doc, off = text[i:], i
+        m = _JSON_START.search(doc, i - off)
+        if m is None:
             break
-        start = min(starts)
+        start = m.start()
         try:
-            value, end = dec.raw_decode(text, start)
-            found, i = value, end
-        except ValueError:
-            i = start + 1
+            value, end = dec.raw_decode(doc, start)
+            found, i = value, off + end
+        except RecursionError:
+            work -= len(doc) - start
+            i = off + start + 1
+        except ValueError as exc:
+            work -= max(1, getattr(exc, "pos", start) - start)
+            i = off + start + 1
     return found
 
 

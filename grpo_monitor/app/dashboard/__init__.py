@@ -28,8 +28,9 @@ __all__ = ["WatchApp", "check_path", "run_path", "run_watch"]
 
 RUN_FILE = "run.jsonl"
 # What a run directory holds before its log has a header: the sample files, a restart plan, the
-# reward gate's verdict, a supervisor's lock (hidden files).
-_STARTING_FILES = re.compile(r"^(samples\.rank\d+\.jsonl|restart_plan\.json|reward_gate\.json|segment-\d+|\..*)$")
+# reward gate's verdict and the prompts it samples, a supervisor's lock (hidden files).
+_STARTING_FILES = re.compile(
+    r"^(samples\.rank\d+\.jsonl|restart_plan\.json|reward_gate\.json|gate_prompts\.jsonl|segment-\d+|\..*)$")
 _SNIFF = 64 * 1024
 
 

@@ -24,7 +24,7 @@ from textual.worker import get_current_worker
 
 from grpo_monitor.core.runlog import RUN_FILE
 from grpo_monitor.app.dashboard import is_starting_run
-from grpo_monitor.app.dashboard.messages import RecordsArrived, SourceFailed
+from grpo_monitor.app.dashboard.messages import RecordsArrived, RunFound, SourceFailed
 from grpo_monitor.app.dashboard.model import RunModel
 from grpo_monitor.app.dashboard.tail import RunTailer
 from grpo_monitor.app.dashboard.widgets.board import DetectorPanel
@@ -313,12 +313,16 @@ class WatchApp(App[None]):
             else:
                 self.post_message(RecordsArrived(records, warnings=warnings, caught_up=True))
                 return
-        tailer = RunTailer(self.path, index_samples=True)
+        tailer = RunTailer(self.path, index_samples=True, find_run=True)
+        root = tailer.root
         caught_up = False
         last_wait: str | None = None
         last_skipped = 0
         while not worker.is_cancelled:
             batch = tailer.poll()
+            if tailer.root != root:
+                root = tailer.root
+                self.post_message(RunFound(root))
             newly_caught_up = not batch.more and not caught_up and batch.waiting_for is None
             if batch or newly_caught_up or batch.waiting_for != last_wait or batch.skipped != last_skipped:
                 self.post_message(
@@ -332,6 +336,10 @@ class WatchApp(App[None]):
                 last_skipped = batch.skipped
             if not batch.more:
                 wait.wait(self.poll_interval)
+
+    def on_run_found(self, message: RunFound) -> None:
+        self.path = Path(message.run_dir)
+        self.notify(str(self.path), title="following the run directory that appeared", timeout=6)
 
     def on_records_arrived(self, message: RecordsArrived) -> None:
         model = self.model

@@ -29,6 +29,14 @@ class RecordsArrived(Message):
         self.sample_indexes = sample_indexes  # the samples files' step indexes (a run directory)
 
 
+class RunFound(Message):
+    """The folder watched turned out to hold the run directory now followed (``run_dir``)."""
+
+    def __init__(self, run_dir: Any) -> None:
+        super().__init__()
+        self.run_dir = run_dir
+
+
 class SourceFailed(Message):
     """The path could not be read as any supported log; ``error`` is one line."""
 

@@ -5,7 +5,9 @@ and every ``samples.rank<R>.jsonl``. Files are read by byte offset; a line witho
 yet is held back until the rest arrives, so a writer caught mid-line never yields a broken
 record. A directory that does not exist yet is waited for. A ``restart`` record naming a
 ``child_run`` makes the tailer follow that directory too (a new segment of the same lineage, a
-sibling of the segment that stopped: ``core.restart.child_run_dir``).
+sibling of the segment that stopped: ``core.restart.child_run_dir``). With ``find_run=True`` a folder
+without a run log of its own (a Trainer output_dir watched before training starts) is searched for one,
+and the run directory that appears in it is followed instead (``root``).
 With ``index_samples=True`` (the dashboard) the sample files are not parsed but indexed by step
 (``grpo_monitor.core.sample_index.SampleIndex``), a bounded number of bytes per poll, and a step's samples are
 read when shown: the dashboard's memory and start-up time do not grow with the samples.
@@ -23,8 +25,10 @@ read when shown: the dashboard's memory and start-up time do not grow with the s
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,8 @@ MAX_READ = 8 << 20
 # Sample bytes indexed per poll: the index scan holds the interpreter, so it goes in slices the
 # screen can interleave with (a 500 MB samples file is indexed in a second or two).
 INDEX_BUDGET = 48 << 20
+# How often a folder still without a run log is searched for a run directory appearing inside it.
+FIND_EVERY = 1.0
 
 
 class FileFollower:
@@ -112,11 +118,15 @@ class TailBatch:
 class RunTailer:
     """Every record appended to a run directory (and to the child runs it restarts into)."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], index_samples: bool = False) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], index_samples: bool = False, find_run: bool = False) -> None:
         p = Path(run_dir)
         if p.name == RUN_FILE:
             p = p.parent
         self.root = p
+        # A Trainer output_dir given before the run starts: its run directory (``<output_dir>/grpo-monitor``,
+        # where ``attach`` writes by default) appears inside it, and is what to follow.
+        self.find_run = find_run
+        self._looked = -math.inf
         self.dirs: list[Path] = [p]
         self._files: dict[Path, FileFollower] = {}
         self.index_samples = index_samples
@@ -136,8 +146,29 @@ class RunTailer:
             self._said.add(line)
             batch.warnings.append(line)
 
+    def _find_run(self) -> None:
+        """Follow the run directory found in the folder watched, once one holds a run log; only while
+        nothing has been read, and at most every ``FIND_EVERY`` seconds (the search walks the folder)."""
+        now = time.monotonic()
+        if now - self._looked < FIND_EVERY:
+            return
+        self._looked = now
+        root = self.root
+        try:
+            if not root.is_dir() or (root / RUN_FILE).is_file():
+                return
+        except OSError:
+            return
+        from grpo_monitor.app.dashboard import run_path
+
+        found = run_path(root)
+        if found != root:
+            self.root, self.dirs = found, [found]
+
     def poll(self) -> TailBatch:
         batch = TailBatch()
+        if self.find_run and not self._files and len(self.dirs) == 1:
+            self._find_run()
         for d in list(self.dirs):  # the list grows while we read when a restart names a child
             run_file = d / RUN_FILE
             try:
