@@ -63,6 +63,23 @@ def test_attach_names_the_run_log_and_the_reward_roles(tmp_path, said):
     assert "run log" not in said()
 
 
+def test_the_start_up_line_says_where_alerts_go(tmp_path, said, monkeypatch):
+    from grpo_monitor import AlertOptions, attach
+
+    monkeypatch.delenv("GRPO_MONITOR_WEBHOOK_URL", raising=False)
+    attach(_trainer(tmp_path / "a"), tmp_path / "a" / "run",
+           alerts=AlertOptions(to=["https://hooks.slack.com/services/T0/B0/SECRET", "mailto:oncall@example.org"],
+                               min_severity="critical"))
+    out = said()
+    assert ("alerts (critical and above) go to webhook https://hooks.slack.com/***; email to oncall@example.org"
+            in out), out
+    assert "SECRET" not in out
+    attach(_trainer(tmp_path / "b"), tmp_path / "b" / "run")
+    assert "no webhook or mail destination (attach(trainer, alerts=URL) or GRPO_MONITOR_WEBHOOK_URL)" in said()
+    attach(_trainer(tmp_path / "c"), tmp_path / "c" / "run", alerts=False)
+    assert "grpo-monitor: alerts off (alerts=False)" in said()
+
+
 def test_unrecognised_reward_names_warn_with_the_option_to_pass(tmp_path, said, caplog):
     from grpo_monitor import attach
 
@@ -204,7 +221,11 @@ def test_each_shorthand_is_its_option_object(tmp_path):
 
 @pytest.mark.parametrize("given,said", [
     ({"alerts": 7}, "attach(alerts=...): must be a webhook URL"),
-    ({"alerts": "hooks.slack.com/services/T/B/x"}, "attach(alerts=...): the alerts webhook must be an http(s) URL"),
+    ({"alerts": "hooks.slack.com/services/T/B/x"}, "attach(alerts=...): the alerts webhook must be an http(s) URL, "
+                                                   "got 'hooks.slack.com/***' (no scheme: write https://...)"),
+    ({"alerts": "not a url"}, "attach(alerts=...): the alerts webhook must be an http(s) URL, got 'not a url' (no scheme"),
+    ({"alerts": "ftp://example.org/T/B/x"}, "attach(alerts=...): the alerts webhook must be an http(s) URL, "
+                                            "got ftp://example.org/*** (scheme 'ftp')"),
     ({"sample_text": "al"}, "attach(sample_text=...): must be 'default', 'all', 'none'"),
     ({"sample_text": {"fiar": 3}}, "attach(sample_text=...): "),
     ({"auto_restart": "yes"}, "attach(auto_restart=...): must be True, False or a RestartOptions, got 'yes'"),

@@ -280,3 +280,54 @@ def test_auto_restart_stops_on_a_finding_no_change_cures_instead_of_training_on(
 
     run = monitor.analyze(tmp_path / "run").runs[0]
     assert run.status == "stopped" and "no configuration cure" in run.status_note
+
+
+ALONE = """
+import sys, warnings
+import transformers
+from grpo_monitor import attach
+from grpo_monitor.app.demo import build_trainer, demo_config
+from tests.test_restart import PlantedFinding
+transformers.logging.set_verbosity_error()
+warnings.filterwarnings("ignore")
+trainer = build_trainer(demo_config(sys.argv[1] + "/out", 6, disable_tqdm=True))
+attach(trainer, sys.argv[1] + "/run", auto_restart=True, detectors=[PlantedFinding(at_step=3)])
+trainer.train()
+"""
+
+
+def test_auto_restart_in_a_plain_script_prints_the_supervise_command(tmp_path):
+    """Nothing relaunches a plain script: at the stop it says so and prints the command that would."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "train.py"
+    script.write_text(ALONE, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_MONITOR_")}
+    env["PYTHONPATH"] = str(root)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, cwd=root,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "stopping at step 3 to restart with dapo" in out.stderr
+    assert "nothing relaunches this script by itself" in out.stderr
+    assert f"grpo-monitor supervise -- python {script} {tmp_path}" in out.stderr, out.stderr[-2000:]
+    assert read_plan(tmp_path / "run").variant == "dapo"
+
+
+def test_run_with_restarts_does_not_print_the_supervise_command(tmp_path, caplog):
+    import logging
+
+    import transformers
+
+    from grpo_monitor import run_with_restarts
+    from grpo_monitor.app.demo import demo_config
+
+    transformers.logging.set_verbosity_error()
+    caplog.set_level(logging.WARNING, logger="grpo_monitor")
+    run_with_restarts(_make_trainer, demo_config(tmp_path / "out", 4, disable_tqdm=True), run_dir=tmp_path / "run",
+                      max_restarts=1, detectors=[PlantedFinding(at_step=2)])
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "stopping at step 2 to restart with dapo" in said and "nothing relaunches" not in said

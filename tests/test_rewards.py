@@ -87,6 +87,15 @@ def test_exact_match_string_mode_for_non_maths_tasks():
     assert r(completions=["<answer>1/2</answer>"], answer=["0.5"]) == [0.0]  # no maths in string mode
 
 
+def test_exact_match_string_reads_gsm8k_gold_and_bare_answers():
+    from grpo_monitor.rewards import exact_match_string
+    said = ["12", "#### 12", "The answer is 12.", r"\boxed{12}", "13", "The answer is 13."]
+    assert exact_match_string(completions=said, answer=["#### 12"] * len(said)) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    # A completion that is only its answer marks nothing, and is still that answer.
+    assert exact_match_string(completions=["Paris", " paris. ", "London", "Paris " * 60],
+                              answer=["Paris"] * 4) == [1.0, 1.0, 0.0, 0.0]
+
+
 def test_extract_answer_priorities():
     assert extract_answer(r"first \boxed{1} then \boxed{\frac{2}{3}}") == (r"\frac{2}{3}", "boxed")
     assert extract_answer(r"\boxed{\{1, 2\}}") == (r"\{1, 2\}", "boxed")  # nested braces

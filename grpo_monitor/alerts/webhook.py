@@ -104,9 +104,36 @@ def check_url(url: Any) -> str:
         except ValueError:  # a port that is not a number
             ok = False
     if not ok:
-        shown = mask_url(url) if isinstance(url, str) else type(url).__name__
-        raise ValueError(f"the alerts webhook must be an http(s) URL, got {shown}")
+        raise ValueError(f"the alerts webhook must be an http(s) URL, got {_what_is_wrong(url)}")
     return url
+
+
+def _what_is_wrong(url: Any) -> str:
+    """What is wrong with a refused webhook, without printing a token it may hold: the value itself
+    only when it has no path, user part or query (where tokens live), else its first part.
+
+    >>> _what_is_wrong("not a url"), _what_is_wrong("ftp://example.org/x/secret")
+    ("'not a url' (no scheme: write https://...)", "ftp://example.org/*** (scheme 'ftp')")
+    >>> _what_is_wrong("hooks.slack.com/services/T0/B0/XYZ"), _what_is_wrong(None)
+    ("'hooks.slack.com/***' (no scheme: write https://...)", 'NoneType')
+    """
+    if not isinstance(url, str):
+        return type(url).__name__
+    try:
+        parts = urlsplit(url)
+        scheme, host, port = parts.scheme, parts.hostname, parts.port
+    except ValueError:
+        return f"{mask_url(url)} (a port that is not a number)"
+    if not scheme:
+        head = url.strip()
+        if any(c in head for c in "/@?#"):
+            head = head.split("/")[0].split("@")[-1].split("?")[0].split("#")[0] + "/***"
+        return f"{head[:60]!r} (no scheme: write https://...)"
+    if scheme not in ("http", "https"):
+        return f"{mask_url(url)} (scheme {scheme!r})"
+    if not host:
+        return f"{scheme}://?/*** (no host)"
+    return f"{mask_url(url)} (port {port})"
 
 
 def check_headers(headers: Any) -> dict[str, str]:

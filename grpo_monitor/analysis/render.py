@@ -185,6 +185,10 @@ def render_text(report: Report) -> str:
         out.append(f"skipped {path}: {err}")
     if len(report.runs) + len(report.errors) > 1:
         out.append(comparison_table(report))
+    acted = [str(r.segment) for r in report.runs if report.acted_on(r)]
+    if acted:
+        out.append(f"lineage: {report.verdict} (exit {report.exit_code}) — the findings of segment{'s' if len(acted) > 1 else ''} "
+                   f"{', '.join(acted)} were acted on by the restart that followed; the verdict rests on what came after")
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from grpo_monitor.core.exit_codes import ExitCode
@@ -75,6 +76,14 @@ class RunReport:
     # The log's own names mapped onto the canonical ones by their words (``core.names``): ``mapped`` (name ->
     # {to, by}) and ``ambiguous`` (canonical name -> the names left unmapped for it); empty when none was.
     names: dict[str, Any] = field(default_factory=dict)
+    # Each finding's samples (``core.finding_samples``), in the order of ``findings``: references into the run's
+    # kept samples with their numbers and a short excerpt; None for a log that records no samples.
+    finding_samples: list[list[dict[str, Any]]] | None = None
+
+    def samples_of(self, index: int) -> list[dict[str, Any]]:
+        """The samples behind ``findings[index]`` (empty when the run records none)."""
+        picks = self.finding_samples
+        return list(picks[index]) if picks is not None and 0 <= index < len(picks) else []
 
     @property
     def judged_by(self) -> list[str]:
@@ -142,7 +151,8 @@ class RunReport:
         out = {
             "source": self.source,
             "steps": self.steps,
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [f.to_dict() if self.finding_samples is None else {**f.to_dict(), "samples": self.samples_of(i)}
+                         for i, f in enumerate(self.findings)],
             "recommendations": shown_recommendations(self.recommendations),
             "file": self.file,
             "format": self.format,
@@ -194,12 +204,28 @@ class Report:
     # Loose files beside the runs of a folder that looked like logs but did not read as one.
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
+    def acted_on(self, run: RunReport) -> bool:
+        """A lineage's segment the monitor stopped to restart, whose next segment is in this report: its
+        findings were acted on by that restart, so the lineage is judged by what came after (as ``supervise``
+        and ``demo --auto-restart`` judge it)."""
+        if run.status != "restarted" or run.segment is None:
+            return False
+        here = Path(run.source)
+        root = here if run.segment == 1 else here.parent
+        return any(o.segment == run.segment + 1 and Path(o.source).parent == root for o in self.runs)
+
+    @property
+    def judged_runs(self) -> list[RunReport]:
+        """The runs the verdict and exit code rest on: all but the segments acted on by a restart."""
+        return [r for r in self.runs if not self.acted_on(r)]
+
     @property
     def verdict(self) -> str:
         """The verdict over every run, worst first as the exit code ranks them: ``critical``, ``warning``,
         ``unreadable`` (a run found could not be read), ``cannot_judge``, ``incomplete``, ``healthy``;
-        a single run's own verdict when one was analysed."""
-        verdicts = {r.verdict for r in self.runs}
+        a single run's own verdict when one was analysed. A restarted lineage is judged by its segments
+        after each restart (``acted_on``)."""
+        verdicts = {r.verdict for r in self.judged_runs}
         for v in ("critical", "warning"):
             if v in verdicts:
                 return v
@@ -212,9 +238,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """1 when a run has a warning or critical finding; else 2 when a run could not be read;
+        """1 when a run (a lineage: its last segment) has a warning or critical finding; else 2 when a run could not be read;
         else 3 when a run could not be judged or is incomplete; else 0."""
-        codes = {r.exit_code for r in self.runs}
+        codes = {r.exit_code for r in self.judged_runs}
         if ExitCode.FINDINGS in codes:
             return ExitCode.FINDINGS
         if self.errors:

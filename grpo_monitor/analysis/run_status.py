@@ -53,10 +53,10 @@ def run_status(src: Any) -> tuple[str | None, str]:
     halt = next((n for n in reversed(getattr(run, "notes", None) or []) if n.get("event") == "stopped"), None)
     if halt is not None:  # auto-restart stopped it on a finding no configuration change cures
         return "stopped", f"{halt.get('message')}; next: {halt.get('advice')}"
+    if getattr(run, "restarts", None):  # its summary is written as it stops: the restart says more
+        return "restarted", "stopped by the monitor to restart with a variant (see its segments)"
     if getattr(run, "summary", None) is not None:
         return None, ""
-    if getattr(run, "restarts", None):
-        return "restarted", "stopped by the monitor to restart with a variant (see its segments)"
     stop = next((n for n in reversed(getattr(run, "notes", None) or []) if n.get("event") == INTERRUPTED), None)
     if stop is not None:
         return INTERRUPTED, f"{stop.get('message') or 'the run was interrupted'}; the findings cover the steps logged so far"

@@ -8,11 +8,13 @@ import functools
 import inspect
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from grpo_monitor.alerts.dispatch import describe
 from grpo_monitor.alerts.options import AlertOptions, OptionError, from_shorthand
 from grpo_monitor.callbacks.finding_costs import FindingCosts
 from grpo_monitor.callbacks.monitor_callback import MonitorCallback
@@ -83,13 +85,37 @@ def _role(callback: MonitorCallback, option: str, given: dict[str, Any]) -> str:
     return f"{name} ({'given' if given.get(option) else 'guessed from its name'})"
 
 
-def _announce(callback: MonitorCallback, given: dict[str, Any]) -> None:
-    """Where the run log goes and which reward functions the monitor takes as correctness and as
-    format; a warning naming the option when no correctness reward was recognised."""
+def relaunch_command(argv: Sequence[str]) -> str:
+    """The ``supervise`` command that runs this script again, relaunching it at each restart request.
+
+    >>> relaunch_command(["train.py", "--lr", "1e-6"])
+    'grpo-monitor supervise -- python train.py --lr 1e-6'
+    """
+    argv = list(argv) if argv and argv[0] not in ("", "-c", "-") else ["train.py"]
+    return shlex.join(["grpo-monitor", "supervise", "--", "python", *argv])
+
+
+def _alerts_line(options: AlertOptions) -> str:
+    """Where findings are sent, destinations masked, so a user sees at start that alerts are set up."""
+    if not options.enabled:
+        return "grpo-monitor: alerts off (alerts=False)"
+    where = describe(options)
+    trackers = "the trainer's trackers" if options.trackers else None
+    if not where:
+        return ("grpo-monitor: alerts go to " + (trackers or "nowhere") + "; no webhook or mail destination "
+                "(attach(trainer, alerts=URL) or GRPO_MONITOR_WEBHOOK_URL)")
+    return (f"grpo-monitor: alerts ({options.min_severity} and above) go to " + "; ".join(where)
+            + (f" and {trackers}" if trackers else ""))
+
+
+def _announce(callback: MonitorCallback, given: dict[str, Any], alerts: AlertOptions) -> None:
+    """Where the run log goes, which reward functions the monitor takes as correctness and as
+    format, and where alerts go; a warning naming the option when no correctness reward was recognised."""
     names = callback.reward_names
     _say(f"grpo-monitor: run log in {callback.run_dir / RUN_FILE}; correctness reward: "
          f"{_role(callback, 'correctness_reward', given)}, format reward: {_role(callback, 'format_reward', given)}"
          + (f" (reward functions: {', '.join(names)})" if names else ""))
+    _say(_alerts_line(alerts))
     if names and callback.correctness_reward is None:
         candidates = [n for n in names if n != callback.format_reward] or names
         logger.warning(
@@ -288,6 +314,7 @@ def attach(
 
     supervised = env_state()
     directory = Path(supervised["run_dir"] or run_dir or default_run_dir(trainer))
+    alone = place is None and not supervised["run_dir"]  # nothing but this script: no supervisor, no run_with_restarts
     if place is None:
         place = SegmentPlace(parent_run=supervised["parent_run"])
         if supervised["run_dir"]:
@@ -309,10 +336,12 @@ def attach(
         trainer, directory, detectors=detectors, correctness_reward=correctness_reward, format_reward=format_reward,
         samples=samples, restarts=restarts, place=place, router=router, alerts=alert_opts, costs=costs, device=device,
     )
+    if alone and restarts is not None:
+        callback.restarts.relaunch_hint = relaunch_command(sys.argv)
     trainer.add_callback(callback)
     _watch_train(trainer, callback)
     if _is_main_process(trainer):
-        _announce(callback, given)
+        _announce(callback, given, alert_opts)
     if dashboard and getattr(trainer.args, "process_index", 0) == 0:
         print(f"grpo-monitor: watch this run in another terminal with:  grpo-monitor watch {directory}")
     return callback

@@ -15,7 +15,7 @@ from typing import Any
 from grpo_monitor.callbacks.options import RestartOptions, SegmentPlace
 from grpo_monitor.core.catalogue import validate
 from grpo_monitor.core.recommend import recommend
-from grpo_monitor.core.restart import RestartPlan, choose_checkpoint, segment_dir, write_plan
+from grpo_monitor.core.restart import PLAN_FILE, RestartPlan, choose_checkpoint, segment_dir, write_plan
 from grpo_monitor.detectors.base import Finding, RunContext
 
 
@@ -64,6 +64,9 @@ class RestartPolicy:
         self.run_id = run_id
         self.plan: RestartPlan | None = None
         self.halted: Halt | None = None
+        # The command that relaunches this script after a stop, when nothing else will (a plain script with
+        # ``attach(auto_restart=...)``, not under ``supervise`` or ``run_with_restarts``): said at the stop.
+        self.relaunch_hint: str | None = None
 
     @property
     def active(self) -> bool:
@@ -140,6 +143,11 @@ class RestartPolicy:
             write_plan(run_dir, plan)
             logger.warning("grpo-monitor: stopping at step %d to restart with %s (%s); resume from %s",
                            plan.step, plan.variant, plan.config_overrides, plan.resume_from or "the initial model")
+            if self.relaunch_hint:
+                logger.warning("grpo-monitor: nothing relaunches this script by itself (the plan is in %s): run it "
+                               "under the supervisor, which relaunches it with the variant's flags at each such "
+                               "stop:  %s  (or train through grpo_monitor.run_with_restarts)",
+                               run_dir / PLAN_FILE, self.relaunch_hint)
         return {"type": "restart", "step": plan.step, "variant": plan.variant,
                 "config_overrides": plan.config_overrides, "resume_from": plan.resume_from,
                 "child_run": Path(plan.next_run_dir).name, "reasons": plan.reasons}

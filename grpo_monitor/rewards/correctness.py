@@ -303,7 +303,7 @@ class ExactMatchReward:
         if not text:
             return None
         if self.mode == "string":
-            got = extract_answer(text) if ("<answer>" in text or "\\boxed" in text) else None
+            got = extract_answer(text) if ("<answer>" in text or "\\boxed" in text or "####" in text) else None
             return got[0] if got else text
         if "\\boxed" in text or "####" in text or "<answer>" in text.lower():
             got = extract_answer(text)
@@ -314,9 +314,13 @@ class ExactMatchReward:
         gold = self.gold(gold_raw)
         if gold is None:
             return None
-        got = extract_answer(completion_text(completion))
+        text = completion_text(completion)
+        got = extract_answer(text)
         if got is None:
-            return 0.0
+            # A completion that is only its answer ("Paris") marks nothing: in string mode it is the answer.
+            if self.mode != "string" or not isinstance(text, str) or len(text) > 200:
+                return 0.0
+            got = (text, "whole")
         return 1.0 if answers_match(gold, got[0], self.mode) else 0.0
 
     def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
