@@ -13,7 +13,7 @@ import sys
 import pytest
 
 OPTIONAL = ("textual", "transformers", "torch", "trl", "yaml", "wandb", "trackio", "tensorboard", "accelerate",
-            "datasets")
+            "datasets", "mcp")
 
 # Installed before grpo_monitor is imported: a finder that answers for the optional packages first,
 # so neither an import nor importlib.util.find_spec can reach them.
@@ -60,6 +60,10 @@ def samples(tmp_path):
 def test_watch_names_the_tui_extra(tmp_path):
     line = _one_line_naming(bare("watch", tmp_path / "run", cwd=tmp_path), "tui")
     assert line.startswith("grpo-monitor watch needs")
+
+
+def test_mcp_names_the_mcp_extra(tmp_path):
+    _one_line_naming(bare("mcp", cwd=tmp_path), "mcp")
 
 
 def test_demo_names_the_train_extra(tmp_path):
@@ -113,3 +117,20 @@ def test_analyze_and_supervise_need_no_extra(tmp_path):
                cwd=tmp_path)
     assert sup.returncode == 0, sup.stderr
     assert "trained" in sup.stdout and "Traceback" not in sup.stderr
+
+
+def test_the_package_metadata_builds_without_setuptools_warnings_about_it():
+    """Set-up used to print setuptools' "`project.license` as a TOML table is deprecated" once per build step."""
+    import warnings
+    from pathlib import Path
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    root = Path(__file__).resolve().parents[1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist = apply_configuration(Distribution(), str(root / "pyproject.toml"))
+    said = [str(w.message).splitlines()[0] for w in caught if "project." in str(w.message)]
+    assert not said, said
+    assert dist.metadata.license_expression == "Apache-2.0"

@@ -226,11 +226,12 @@ def _report(label: str, src: Any, logged: list[str], plan: _Plan, path: Any,
     if loss is not None and status != "incomplete":  # else the status says it
         warnings.insert(0, loss.line(len(src.steps)))
     origin = config_from(src)
+    shown = config_findings(src) + findings
     return RunReport(
         source=label,
         format=src.format,
         steps=len(src.steps),
-        findings=config_findings(src) + findings,
+        findings=shown,
         recommendations=recs,
         series=key_curves(src.steps),
         model=dict(src.context.model),
@@ -251,7 +252,18 @@ def _report(label: str, src: Any, logged: list[str], plan: _Plan, path: Any,
         device=device_of(src),
         config_from=origin,
         config=dict(src.context.config or {}) if origin else {},
+        finding_samples=_finding_samples(shown, src),
     )
+
+
+def _finding_samples(findings: list[Any], src: Any) -> list[list[dict[str, Any]]] | None:
+    """The samples behind each finding, for a log that records samples (a run directory); None otherwise."""
+    from grpo_monitor.core.finding_samples import samples_of_findings
+
+    samples = getattr(src, "samples", None)
+    if not isinstance(samples, Mapping) or not len(samples):
+        return None
+    return samples_of_findings(findings, samples)
 
 
 def _counting(progress: Callable[[str, int, int], None], label: str, total: int) -> Callable[..., None]:

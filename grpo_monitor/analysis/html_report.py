@@ -96,7 +96,7 @@ def curves_svg(run: RunReport, width: float = 11.0) -> str:
 def _finding_rows(run: RunReport) -> list[str]:
     out = ["<table><tr><th>step</th><th>severity</th><th>detector</th><th>onset</th><th>variant</th>"
            "<th>what it means</th></tr>"]
-    for f in run.findings:
+    for i, f in enumerate(run.findings):
         colour = SEVERITY_COLOURS.get(f.severity, "#111827")
         evidence = [(k, v) for k, v in f.evidence.items() if k not in ANNOTATIONS]
         ev = "".join(f"<tr><td>{_e(k)}</td><td>{_e(_fmt(v))}</td></tr>" for k, v in evidence)
@@ -105,9 +105,23 @@ def _finding_rows(run: RunReport) -> list[str]:
             f"<tr><td>{f.step}</td><td class=\"sev\" style=\"color:{colour}\">{_e(f.severity)}</td>"
             f"<td><code>{_e(f.detector)}</code></td><td>{'' if f.onset_step is None else f.onset_step}</td>"
             f"<td>{_e(f.variant or '—')}</td><td>{_e(f.message)}{ann}"
-            + (f"<details><summary>evidence</summary><table>{ev}</table></details>" if ev else "") + "</td></tr>")
+            + (f"<details><summary>evidence</summary><table>{ev}</table></details>" if ev else "")
+            + _samples_block(run.samples_of(i)) + "</td></tr>")
     out.append("</table>")
     return out
+
+
+def _samples_block(picks: list[dict[str, Any]]) -> str:
+    """A finding's samples (``core.finding_samples``), collapsed: where each is in the run, its numbers, its excerpt."""
+    if not picks:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_e(p.get('step'))}</td><td>{_e(p.get('index'))}</td><td>{_e(_fmt(p.get('reward')))}</td>"
+        f"<td>{_e(_fmt(p.get('length')))}</td><td>{'yes' if p.get('truncated') else ''}</td>"
+        f"<td><code>{_e(p.get('excerpt') or '')}</code></td></tr>" for p in picks)
+    why = picks[0].get("why") or ""
+    return (f'<details class="samples"><summary>samples ({len(picks)}: {_e(why)})</summary><table><tr><th>step</th>'
+            f"<th>index</th><th>reward</th><th>length</th><th>truncated</th><th>excerpt</th></tr>{rows}</table></details>")
 
 
 def _recommendations(run: RunReport) -> list[str]:

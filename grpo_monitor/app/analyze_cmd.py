@@ -76,7 +76,7 @@ def run_cli(paths: Sequence[str], options: AnalyzeOptions, *, as_json: bool = Fa
               file=sys.stderr)
         return ExitCode.BAD_INPUT
     if as_json:
-        print(json.dumps(report.to_dict(), default=_json_default, allow_nan=False))
+        print(json_text(report))
     else:
         sys.stdout.write(render_text(report))
     if markdown:
@@ -98,6 +98,11 @@ def run_cli(paths: Sequence[str], options: AnalyzeOptions, *, as_json: bool = Fa
 def _say(line: str, progress: Progress) -> None:
     progress.done()
     print(f"grpo-monitor: {line}", file=sys.stderr)
+
+
+def json_text(report: Any) -> str:
+    """The report as ``--json`` prints it (and ``grpo-monitor mcp`` returns it)."""
+    return json.dumps(report.to_dict(), default=_json_default, allow_nan=False)
 
 
 def _json_default(obj: Any) -> Any:

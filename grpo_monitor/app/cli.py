@@ -18,6 +18,7 @@ EXTRA_MODULES = {
     "tensorboard": ("tensorboard",),
     "trackers": ("wandb", "trackio"),
     "report": ("matplotlib",),
+    "mcp": ("mcp",),
 }
 REPORT_TO_EXTRAS = {"tensorboard": "tensorboard", "wandb": "trackers", "trackio": "trackers"}
 
@@ -125,6 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     add_lint_arguments(lp)
     ip = sub.add_parser("inspect-rewards", help="reward-inspection gate: judge reward scores on 50-100 sampled completions")
     add_inspect_arguments(ip)
+    sub.add_parser("mcp", help="serve analyze, run status, findings, recommendations and compare as MCP tools "
+                              "over stdio (for coding agents)")
     return p
 
 
@@ -244,9 +247,18 @@ def _inspect_rewards(args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    if _lacks_extras("mcp", "mcp"):
+        return ExitCode.BAD_INPUT
+    from grpo_monitor.app.mcp_server import serve
+
+    serve()
+    return ExitCode.CLEAN
+
+
 # Every verb the parser defines, and what runs it: the one list of the command's verbs.
 VERBS = {"demo": _demo, "analyze": _analyze, "supervise": _supervise, "watch": _watch, "lint": _lint,
-         "inspect-rewards": _inspect_rewards}
+         "inspect-rewards": _inspect_rewards, "mcp": _mcp}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,7 +43,8 @@ class SampleOptions:
     as right."""
 
     sample_text: str | Mapping[str, int] | SampleRetention = "default"
-    """Which completions keep text: ``"default"`` keeps, per step, 32 drawn fairly plus the best and worst
+    """Which completions keep text: ``"default"`` keeps, per step, 32 (the longest, the most repetitive, a group
+    scored all alike and the best among them, the rest drawn fairly) plus the best and worst
     of 8 groups and 4 truncated ones (all of a step with at most 32); ``"all"``; ``"none"``; or a
     ``SampleRetention`` or dict with ``fair``, ``groups``, ``truncated``."""
     max_text_chars: int = 2000

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from grpo_monitor.detectors.language_mixing import dominant_script, other_script_share
+from grpo_monitor.core.finding_samples import notable
 from grpo_monitor.detectors.signals import TOP_WORD_RECORDED, repeated_ngram_share, sample_reward, text_hash, top_word_share
 from grpo_monitor.detectors.numbers import to_number
 
@@ -322,10 +323,11 @@ def excerpt(text: str, limit: int) -> str:
 class SampleRetention:
     """Which completions keep their text in the samples files (every completion keeps its numbers).
 
-    Per logging step, across all ranks: ``fair`` completions drawn at random (seeded by the
-    step), the best and the worst completion (by total reward) of ``groups`` groups drawn at
-    random, and up to ``truncated`` of the completions cut at the length cap. A step with at most
-    ``fair`` completions keeps all of them. ``all=True`` keeps every completion's text.
+    Per logging step, across all ranks: ``fair`` completions (first those a finding would point at,
+    ``core.finding_samples.notable``: the longest, the most repetitive, a group scored all alike, the
+    best; the rest drawn at random, seeded by the step), the best and the worst completion (by total
+    reward) of ``groups`` groups drawn at random, and up to ``truncated`` of the completions cut at
+    the length cap. A step with at most ``fair`` completions keeps all of them. ``all=True`` keeps every completion's text.
     Each kept text is an excerpt of ``max_text_chars`` (the head and the tail).
     """
 
@@ -361,7 +363,12 @@ class SampleRetention:
         if self.all or len(samples) <= self.fair:
             return set(keys)
         rng = random.Random(f"grpo-monitor-samples:{int(step)}")
-        keep = {keys[i] for i in rng.sample(range(len(samples)), self.fair)}
+        # A few of the fair slots go to the completions a finding points at (the longest, the most
+        # repetitive, a group scored all alike, the best): the same number kept, the telling ones among them.
+        reserved = notable(samples)[:self.fair]
+        taken = set(reserved)
+        rest = [i for i in range(len(samples)) if i not in taken]
+        keep = {keys[i] for i in reserved} | {keys[i] for i in rng.sample(rest, self.fair - len(reserved))}
         if self.groups:
             groups: dict[Any, list[int]] = {}
             for i, s in enumerate(samples):

@@ -8,6 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, Static
 
+from grpo_monitor.core.finding_samples import pick_samples
 from grpo_monitor.detectors import DETECTOR_IDS
 from grpo_monitor.app.dashboard.model import RunModel
 from grpo_monitor.app.dashboard.text import literal, one_line, visible
@@ -108,7 +109,22 @@ class DetectorPanel(Vertical):
         if co:
             t.append("\noverrides: ", role_style(app, "muted"))
             t.append_text(literal(", ".join(f"{k}={v!r}" for k, v in co.items())))
+        self._samples(t, pick_samples(f, self._model.sample_steps(), self._model.samples_of))
         self.query_one("#finding-detail", Static).update(t)
+
+    def _samples(self, t: Text, picks: list[dict]) -> None:
+        """The completions behind the finding (``core.finding_samples``), one line each."""
+        if not picks:
+            return
+        muted = role_style(self.app, "muted")
+        t.append(f"\nsamples ({visible(picks[0].get('why'))}):", muted)
+        for p in picks:
+            t.append(f"\n  step {short(p.get('step'))} #{short(p.get('index'))}", "bold")
+            t.append(f"  reward {short(p.get('reward'))}  length {short(p.get('length'))}"
+                     + ("  truncated" if p.get("truncated") else ""), muted)
+            if p.get("excerpt"):
+                t.append("\n    ")
+                t.append_text(literal(p.get("excerpt")))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id == "findings" and event.row_key.value is not None:
