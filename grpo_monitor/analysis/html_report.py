@@ -86,6 +86,11 @@ def curves_svg(run: RunReport, width: float = 11.0) -> str:
                    fontsize=8, frameon=False)
         fig.subplots_adjust(bottom=0.6 / (2.6 * rows + 0.6) + 0.08)
     fig.tight_layout(rect=(0, 0.07 if handles else 0, 1, 1))
+    return svg_text(fig)
+
+
+def svg_text(fig: Any) -> str:
+    """A matplotlib figure as inline SVG (the ``<svg>`` element alone)."""
     buf = io.StringIO()
     # No date, fixed ids: the same run gives the same page.
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})

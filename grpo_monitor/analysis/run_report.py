@@ -206,8 +206,7 @@ class Report:
 
     def acted_on(self, run: RunReport) -> bool:
         """A lineage's segment the monitor stopped to restart, whose next segment is in this report: its
-        findings were acted on by that restart, so the lineage is judged by what came after (as ``supervise``
-        and ``demo --auto-restart`` judge it)."""
+        findings were acted on by that restart."""
         if run.status != "restarted" or run.segment is None:
             return False
         here = Path(run.source)
@@ -215,17 +214,22 @@ class Report:
         return any(o.segment == run.segment + 1 and Path(o.source).parent == root for o in self.runs)
 
     @property
-    def judged_runs(self) -> list[RunReport]:
-        """The runs the verdict and exit code rest on: all but the segments acted on by a restart."""
-        return [r for r in self.runs if not self.acted_on(r)]
+    def lineage_verdict(self) -> str | None:
+        """For a restarted lineage, its verdict as ``supervise`` and ``demo --auto-restart`` give it: the worst of the
+        segments no restart acted on (``cured`` when that is healthy); None when no segment was acted on. The
+        report's ``verdict`` and exit code still count every segment's findings, as the CLI contract says."""
+        if not any(self.acted_on(r) for r in self.runs):
+            return None
+        rest = {r.verdict for r in self.runs if not self.acted_on(r)}
+        worst = next((v for v in ("critical", "warning", "cannot_judge", "incomplete") if v in rest), "healthy")
+        return "cured" if worst == "healthy" else worst
 
     @property
     def verdict(self) -> str:
         """The verdict over every run, worst first as the exit code ranks them: ``critical``, ``warning``,
         ``unreadable`` (a run found could not be read), ``cannot_judge``, ``incomplete``, ``healthy``;
-        a single run's own verdict when one was analysed. A restarted lineage is judged by its segments
-        after each restart (``acted_on``)."""
-        verdicts = {r.verdict for r in self.judged_runs}
+        a single run's own verdict when one was analysed."""
+        verdicts = {r.verdict for r in self.runs}
         for v in ("critical", "warning"):
             if v in verdicts:
                 return v
@@ -238,9 +242,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """1 when a run (a lineage: its last segment) has a warning or critical finding; else 2 when a run could not be read;
+        """1 when a run has a warning or critical finding; else 2 when a run could not be read;
         else 3 when a run could not be judged or is incomplete; else 0."""
-        codes = {r.exit_code for r in self.judged_runs}
+        codes = {r.exit_code for r in self.runs}
         if ExitCode.FINDINGS in codes:
             return ExitCode.FINDINGS
         if self.errors:

@@ -102,6 +102,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="send runs whose verdict reaches this (warning, the default, includes runs that could not be "
                         "judged; info: every run, healthy ones too)")
 
+    c = sub.add_parser("compare", help="compare runs side by side (an ablation, a sweep, a restarted run's segments): "
+                                       "curves, verdicts, findings, the config that differs")
+    c.add_argument("paths", nargs="+", metavar="RUN", help="two or more runs analyze reads, or one path holding several "
+                                                           "(a restarted run's lineage, a folder of runs)")
+    c.add_argument("--json", action="store_true", help="print one JSON document (fixed shape) instead of the text")
+    c.add_argument("--html", metavar="FILE", default=None,
+                   help="also write one self-contained HTML page (curves overlaid per metric); needs the 'report' extra")
+    c.add_argument("--map", action="append", default=None, metavar="COLUMN=METRIC", dest="mapping",
+                   help="read the logs' COLUMN as METRIC, as analyze --map does")
+    c.add_argument("--logging-steps", type=_positive_int, default=None, metavar="N",
+                   help="for console logs whose printed dicts carry no step: the k-th dict is step k*N")
+
     s = sub.add_parser("supervise", help="run a training command; relaunch it with the recommended variant when the monitor stops it")
     s.add_argument("--max-restarts", type=int, default=2, help="restarts allowed (default 2)")
     s.add_argument("--run-dir", default=None, help="lineage run directory (default $GRPO_MONITOR_RUN_DIR or runs/supervised)")
@@ -198,6 +210,16 @@ def _analyze(args: argparse.Namespace) -> int:
     return ExitCode.ALERTS_NOT_SENT
 
 
+def _compare(args: argparse.Namespace) -> int:
+    if args.html and _lacks_extras("compare --html", "report"):
+        return ExitCode.BAD_INPUT
+    from grpo_monitor.analysis.analyze import AnalyzeOptions
+    from grpo_monitor.app.compare_cmd import run_cli
+
+    options = AnalyzeOptions(mapping=args.mapping, logging_steps=args.logging_steps)
+    return run_cli(args.paths, options, as_json=args.json, html=args.html)
+
+
 def _supervise(args: argparse.Namespace) -> int:
     from grpo_monitor.app.supervise import run_cli as supervise_cli
 
@@ -257,7 +279,7 @@ def _mcp(args: argparse.Namespace) -> int:
 
 
 # Every verb the parser defines, and what runs it: the one list of the command's verbs.
-VERBS = {"demo": _demo, "analyze": _analyze, "supervise": _supervise, "watch": _watch, "lint": _lint,
+VERBS = {"demo": _demo, "analyze": _analyze, "compare": _compare, "supervise": _supervise, "watch": _watch, "lint": _lint,
          "inspect-rewards": _inspect_rewards, "mcp": _mcp}
 
 
