@@ -519,7 +519,7 @@ def render_forecast(rows: list[dict], counts: dict, real_counts: dict, seeds: in
         f"| with `evidence.cost` | {pct(counts['with_cost'], counts['findings'])} | {pct(real_counts['with_cost'], real_counts['findings'])} |",
         f"| with wall time (a clock, `step_time` or `train_runtime` in the log) | {pct(counts['with_wall'], counts['findings'])} | {pct(real_counts['with_wall'], real_counts['findings'])} |",
         f"| with GPU-hours (the device count too: a run header's world size, or `--devices`; none here) | {pct(counts['with_gpu_hours'], counts['findings'])} | {pct(real_counts['with_gpu_hours'], real_counts['findings'])} |",
-        f"| with `evidence.forecast` (a trend heading for its limit, interval tight enough) | {pct(counts['with_forecast'], counts['findings'])} | {pct(real_counts['with_forecast'], real_counts['findings'])} |",
+        f"| with `evidence.forecast` (a trend heading for its limit, interval tight enough, trend and horizon trusted by the backtest: `forecast_backtest` below) | {pct(counts['with_forecast'], counts['findings'])} | {pct(real_counts['with_forecast'], real_counts['findings'])} |",
         "",
         "Forecasts on the expected detector's findings of the failure cases:", "",
         "| | |", "|---|---|",

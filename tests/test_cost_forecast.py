@@ -179,10 +179,20 @@ def test_findings_of_a_labelled_case_carry_their_cost_and_the_replay_carries_the
 
 
 def test_a_finding_whose_trend_heads_for_a_limit_says_when():
+    # The fit itself, ungated: the clipped share's forecasts are made (and then hidden by the backtest's gate,
+    # tests/test_forecast_gate.py).
     run = generate("truncation_creeping_format", seed=0, logging_steps=10)
-    findings = Engine(run.context, [cls() for cls in ALL_DETECTORS]).replay(run.steps, run.samples)
+    findings = Engine(run.context, [cls() for cls in ALL_DETECTORS],
+                      annotators=[CostMeter(), Forecaster(gated=False)]).replay(run.steps, run.samples)
     fc = [f.evidence["forecast"] for f in findings if f.detector == "truncation" and "forecast" in f.evidence]
     assert fc and fc[0]["metric"] == "completions/clipped_ratio" and fc[0]["interval"][0] <= fc[0]["steps_to_limit"]
+
+
+def test_a_finding_whose_trusted_trend_heads_for_its_limit_says_when_through_the_default_engine():
+    run = generate("entropy_collapse", seed=0, logging_steps=1)
+    findings = Engine(run.context, [cls() for cls in ALL_DETECTORS]).replay(run.steps, run.samples)
+    fc = [f.evidence["forecast"] for f in findings if f.detector == "entropy_collapse" and "forecast" in f.evidence]
+    assert fc and fc[0]["metric"] == "entropy" and fc[0]["interval"][0] <= fc[0]["steps_to_limit"] <= fc[0]["interval"][1]
 
 
 def test_a_failing_annotator_is_switched_off_and_the_findings_still_go_out():

@@ -185,10 +185,17 @@ def render_text(report: Report) -> str:
         out.append(f"skipped {path}: {err}")
     if len(report.runs) + len(report.errors) > 1:
         out.append(comparison_table(report))
-    acted = [str(r.segment) for r in report.runs if report.acted_on(r)]
-    if acted:
-        out.append(f"lineage: {report.verdict} (exit {report.exit_code}) — the findings of segment{'s' if len(acted) > 1 else ''} "
-                   f"{', '.join(acted)} were acted on by the restart that followed; the verdict rests on what came after")
+    lineage = report.lineage_verdict
+    if lineage is not None:
+        acted = [str(r.segment) for r in report.runs if report.acted_on(r)]
+        whose = f"segment{'s' if len(acted) > 1 else ''} {', '.join(acted)}"
+        after = {"cured": "the segments after it have no warning or critical finding",
+                 "critical": "not cured: the segments after it still have a critical finding",
+                 "warning": "not cured: the segments after it still have a warning finding",
+                 "cannot_judge": "the segments after it could not be judged",
+                 "incomplete": "the segments after it stopped before their end"}[lineage]
+        out.append(f"lineage: {lineage} — the findings of {whose} were acted on by the restart that followed; {after} "
+                   "(the exit code counts every segment's findings)")
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -204,8 +211,9 @@ def annotation_lines(run: RunReport, f: Finding) -> list[str]:
                    if c["detector"] == f.detector and c["step"] == f.step and c["severity"] == f.severity), None)
     if to_end and to_end.get("to_step") != f.step:
         out.append(f"cost to the end of the run (step {to_end.get('to_step')}): {cost_phrase(to_end)}")
-    if f.evidence.get("forecast"):
-        out.append(f"time to failure: {forecast_phrase(f.evidence['forecast'])}")
+    when = forecast_phrase(f.evidence.get("forecast"))  # "" for a trend the backtest does not trust
+    if when:
+        out.append(f"time to failure: {when}")
     return out
 
 
