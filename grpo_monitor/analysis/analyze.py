@@ -226,7 +226,7 @@ def _report(label: str, src: Any, logged: list[str], plan: _Plan, path: Any,
     if loss is not None and status != "incomplete":  # else the status says it
         warnings.insert(0, loss.line(len(src.steps)))
     origin = config_from(src)
-    shown = config_findings(src) + findings
+    shown = config_findings(src) + findings + _crash_findings(src, path)
     return RunReport(
         source=label,
         format=src.format,
@@ -254,6 +254,17 @@ def _report(label: str, src: Any, logged: list[str], plan: _Plan, path: Any,
         config=dict(src.context.config or {}) if origin else {},
         finding_samples=_finding_samples(shown, src),
     )
+
+
+def _crash_findings(src: Any, path: Any) -> list[Any]:
+    """The crash a log ends in (``core.crashes``), as a critical finding at its last logged step."""
+    from grpo_monitor.core.crashes import crash_finding
+
+    crashed = (getattr(src, "meta", None) or {}).get("crash")
+    if not crashed:
+        return []
+    last = src.steps[-1][0] if src.steps else 0
+    return [crash_finding(crashed, last, str(getattr(src, "path", "") or path or ""))]
 
 
 def _finding_samples(findings: list[Any], src: Any) -> list[list[dict[str, Any]]] | None:

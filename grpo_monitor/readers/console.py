@@ -28,6 +28,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from grpo_monitor.core.crashes import read_crash
 from grpo_monitor.core.jsonparse import loads
 from grpo_monitor.core.metrics import SUMMARY_KEYS
 from grpo_monitor.core.runlog import Skipped
@@ -194,6 +195,9 @@ def read_console(path: Path, text: str | None = None, fmt: str | None = None, lo
         ending = ended_by_traceback(text)
         if ending:
             src.meta["ended_by"] = ending  # an interrupted run: analyze reports it as such
+        crashed = read_crash(text)
+        if crashed is not None and (ending or sniff(text[crashed.offset:]) is None):
+            src.meta["crash"] = crashed.to_dict()  # what ended it, with the line it was read from
         return src
     raise SourceError(path, f"{label or 'text'} holds no training log (no printed metrics dicts, verl "
                             "'step:N - key:value' lines, or lines with a step counter and name: value pairs)")
