@@ -25,7 +25,7 @@ from benchmarks.results import stamp, update_section  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ["-m", "grpo_monitor", "demo", "--scenario", "sudden_collapse", "--auto-restart", "--max-restarts", "1"]
 # pytest's closing line: "2704 passed, 3 skipped in 997.12s (0:16:37)"
-SUITE_LINE = re.compile(r"(\d+) passed(?:, (\d+) skipped)?[^\n]* in ([\d.]+)s")
+SUITE_LINE = re.compile(r"(?:(\d+) failed, )?(\d+) passed(?:, (\d+) skipped)?[^\n]* in ([\d.]+)s")
 
 
 def time_demo(runs: int = 3) -> list[tuple[float, float]]:
@@ -49,22 +49,24 @@ def demo_section(times: list[tuple[float, float]]) -> str:
             f"**{min(walls):.1f}–{max(walls):.1f} s** wall, {min(cpus):.0f}–{max(cpus):.0f} s of CPU.\n")
 
 
-def suite_section(log: Path) -> str:
+def suite_section(log: Path, note: str = "") -> str:
     text = log.read_text(encoding="utf-8", errors="replace")
     found = SUITE_LINE.findall(text)
     if not found:
         raise SystemExit(f"{log}: no pytest closing line ('N passed in S s')")
-    passed, skipped, seconds = found[-1]
-    total = int(passed) + int(skipped or 0)
+    failed, passed, skipped, seconds = found[-1]
+    total = int(failed or 0) + int(passed) + int(skipped or 0)
     return (f"## make test\n\n{stamp()}\n\nThe suite from a fresh clone (`.ci/run`): "
             f"**{total:,} tests in {float(seconds):,.0f} s** ({passed} passed"
-            + (f", {skipped} skipped" if skipped else "") + ").\n")
+            + (f", {skipped} skipped" if skipped else "") + (f", {failed} failed" if failed else "") + ").\n"
+            + (f"\n{note}\n" if note else ""))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo", action="store_true", help="time the demo three times")
     ap.add_argument("--suite-log", type=Path, help="a log of the suite's run to read its closing line from")
+    ap.add_argument("--note", default="", help="a sentence on the run, kept beside its numbers")
     opts = ap.parse_args()
     if not opts.demo and not opts.suite_log:
         ap.error("give --demo, --suite-log FILE or both")
@@ -73,7 +75,7 @@ def main() -> None:
         update_section("readme-demo", body)
         print(body)
     if opts.suite_log:
-        body = suite_section(opts.suite_log)
+        body = suite_section(opts.suite_log, opts.note)
         update_section("readme-suite", body)
         print(body)
 

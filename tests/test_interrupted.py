@@ -53,8 +53,12 @@ def test_ctrl_c_is_said_at_the_console_in_the_run_log_and_by_analyze(tmp_path):
     script.write_text(SCRIPT)
     log = tmp_path / "train.log"
     with open(log, "w") as fh:  # python train.py > train.log 2>&1
+        # Started as a shell starts it: SIGINT at its default (Python ignores Ctrl-C for good in a child that
+        # inherits an ignored SIGINT), no monitor settings from the environment.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_MONITOR_")}
         proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=fh, stderr=subprocess.STDOUT,
-                                cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 900
             while not (tmp_path / "at-step-30").exists():
@@ -62,7 +66,12 @@ def test_ctrl_c_is_said_at_the_console_in_the_run_log_and_by_analyze(tmp_path):
                 assert time.monotonic() < deadline, "the run never reached step 30"
                 time.sleep(0.2)
             proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=300)
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                raise AssertionError("the run did not stop within 300 s of Ctrl-C (this process's SIGINT: "
+                                     f"{signal.getsignal(signal.SIGINT)!r}); its log ends:\n"
+                                     + log.read_text()[-3000:]) from None
         finally:
             if proc.poll() is None:
                 proc.kill()
