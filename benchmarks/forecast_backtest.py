@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.results import stamp, update_section
 from grpo_monitor.core.forecast import BUCKETS, GATE, MIN_CASES, MIN_HELD, TARGETS, Forecaster, horizon_bucket
 from grpo_monitor.core.session import open_session
+from grpo_monitor.fixtures.judge import case_path
 
 SHARED = Path(os.environ.get("GRPO_MONITOR_SHARED") or ROOT.parent / "shared")
 CALIBRATION = (SHARED / "labelled-runs" / "logs", SHARED / "labelled-runs" / "notebooks", SHARED / "real-runs",
@@ -56,19 +57,6 @@ def first_crossing(steps: list, metric: str, limit: float, direction: str, after
         if pts[i][0] > after and ((v >= limit) if direction == "up" else (v <= limit)):
             return pts[i][0]
     return None
-
-
-def case_path(root: Path, case: str, lab: dict) -> Path:
-    """The case's log, as ``../shared/tools/evaluate.py`` finds it."""
-    if lab.get("file"):
-        return root / lab["file"]
-    p = root / f"{case}.trainer_state.json"
-    if p.exists():
-        return p
-    if (root / case).is_dir():
-        return root / case
-    hits = [q for q in root.glob(f"{case}.*") if not q.name.endswith((".md", ".settings.txt"))]
-    return hits[0] if len(hits) == 1 else p
 
 
 def replay(name: str, context: Any, steps: list, samples: dict, gap: float, band: bool = True) -> list[dict]:
