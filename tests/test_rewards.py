@@ -43,6 +43,7 @@ CASES = [
     ("She sold 72 clips in total.", GSM8K_GOLD, 1.0),  # last number
     ("The answer is 73.", GSM8K_GOLD, 0.0),
     ("It costs $1,250.", "1250", 1.0),  # thousands separator, dollar sign
+    (r"\boxed{\$1,250}", "1250", 1.0),  # an escaped dollar sign goes whole
     ("The bill is 18 dollars.", "#### 18", 1.0),  # unit word after the number
     (r"So the answer is $\boxed{0.3333}$", MATH_GOLD, 0.0),  # a rounded decimal is not 1/3
     (r"Thus $\boxed{\dfrac{1}{3}}$.", MATH_GOLD, 1.0),  # \dfrac vs \frac

@@ -15,39 +15,32 @@ from typing import Any
 from grpo_monitor.rewards._text import completion_text
 from grpo_monitor.rewards.correctness import ExactMatchReward
 
-# Each check is what a regex said (in its docstring), on the stripped text, with ``str.find``: the
+# Each check is what a regex said (in its docstring), on the stripped text, with str methods: the
 # regexes ran a lookahead at every character (1 MB: 50 to 140 ms) and ``\\boxed\s*\{.+\}`` reread the
 # rest of the text from every ``\\boxed{`` (n squared).
-_SPACE = re.compile(r"\s*")
 _BOXED_OPEN = re.compile(r"\\boxed\s*\{")
 
 
-def _answer_at(text: str, i: int) -> bool:
-    """``<answer>(?:(?!</?answer>).)+</answer>\\s*$`` matches at ``i`` (``text`` stripped)."""
-    if i < 0 or not text.startswith("<answer>", i):
-        return False
-    close = text.find("</answer>", i + 8)
-    return close > i + 8 and close + 9 == len(text) and text.find("<answer>", i + 8, close) < 0
-
-
 def _answer_tag(text: str) -> bool:
-    """``^(?:(?!<answer>).)*<answer>(?:(?!</?answer>).)+</answer>\\s*$`` (re.S) matches."""
-    i = text.find("<answer>")  # _answer_at inlined: this runs on every completion
-    if i < 0:
+    """``^(?:(?!<answer>).)*<answer>(?:(?!</?answer>).)+</answer>\\s*$`` (re.S) matches: what follows the
+    first ``<answer>`` ends with ``</answer>`` and, before it, holds something and no other tag."""
+    if not text.endswith("</answer>"):
         return False
-    close = text.find("</answer>", i + 8)
-    return close > i + 8 and close + 9 == len(text) and text.find("<answer>", i + 8, close) < 0
+    _, opened, rest = text.partition("<answer>")
+    body = rest[:-9]
+    return bool(opened and body) and "<answer>" not in body and "</answer>" not in body
 
 
 def _think_answer(text: str) -> bool:
-    """``^\\s*<think>(?:(?!</?think>).)*</think>\\s*<answer>(?:(?!</?answer>).)+</answer>\\s*$`` (re.S) matches."""
-    i = _SPACE.match(text).end()  # type: ignore[union-attr]
-    if not text.startswith("<think>", i):
+    """``^\\s*<think>(?:(?!</?think>).)*</think>\\s*<answer>(?:(?!</?answer>).)+</answer>\\s*$`` (re.S) matches
+    (``text`` stripped): up to the first ``</think>``, one ``<think>`` at the start; after it, only the answer."""
+    head, closed, rest = text.partition("</think>")
+    if not closed or not head.startswith("<think>") or head.find("<think>", 7) >= 0:
         return False
-    close = text.find("</think>", i + 7)
-    if close < 0 or text.find("<think>", i + 7, close) >= 0:
-        return False
-    return _answer_at(text, _SPACE.match(text, close + 8).end())  # type: ignore[union-attr]
+    rest = rest.lstrip()
+    body = rest[8:-9]
+    return (rest.startswith("<answer>") and rest.endswith("</answer>") and bool(body) and "<answer>" not in body
+            and "</answer>" not in body)
 
 
 def _boxed(text: str) -> bool:

@@ -158,25 +158,33 @@ def extract_answer(text: str) -> tuple[str, str] | None:
 
 
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+# LaTeX that does not change a value, and what it reads as: sizing, spacing, display style and dollar
+# signs go; \dfrac and \tfrac are \frac; degrees and \% are their plain selves. Longest first, so
+# that ``\$`` goes whole rather than leaving its backslash.
+_LATEX_PLAIN = {"\\left": "", "\\right": "", "\\!": "", "\\,": "", "\\;": "", "\\:": "", "\\ ": "",
+                "\\displaystyle": "", "\\$": "", "$": "", "\\dfrac": "\\frac", "\\tfrac": "\\frac",
+                "^\\circ": "", "^{\\circ}": "", "\\%": "%"}
+_LATEX_NOISE = re.compile("|".join(re.escape(k) for k in sorted(_LATEX_PLAIN, key=len, reverse=True)))
 _UNIT_WORD = re.compile(r"^(-?[\d.,/]+)\s*(?:[a-zA-Z][a-zA-Z .]*)$")
+_THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
+_SPACES = re.compile(r"\s+")
 
 
 def normalize(ans: str) -> str:
     """Surface normalisation shared by both modes of comparison (maths)."""
     s = str(ans).strip()
     s = _TEXT_CMD.sub(lambda m: " " + m.group(1) + " ", s)
-    for tok in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\ ", "\\displaystyle", "$", "\\$"):
-        s = s.replace(tok, "")
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("^\\circ", "").replace("^{\\circ}", "")
-    s = s.replace("\\%", "%").strip().rstrip(".").strip()
+    s = _LATEX_NOISE.sub(lambda m: _LATEX_PLAIN[m.group()], s).strip().rstrip(".").strip()
     m = _UNIT_WORD.match(s)
     if m:  # "18 dollars", "5 cm": the number is the answer
         s = m.group(1)
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+    if _THOUSANDS.fullmatch(s):
         s = s.replace(",", "")
-    return re.sub(r"\s+", "", s)
+    return _SPACES.sub("", s)
 
 
+_DECIMAL = re.compile(r"-?\d+(\.\d+)?|-?\.\d+")
+_RATIO = re.compile(r"(-?\d+)/(-?\d+)")
 _FRAC = re.compile(r"^(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}$|^(-?)\\frac(\d)(\d)$")
 
 
@@ -184,9 +192,9 @@ def as_number(s: str) -> Fraction | None:
     """The exact rational value of a plain number, ``a/b`` or ``\\frac{a}{b}``; None otherwise."""
     s = s.strip()
     try:
-        if re.fullmatch(r"-?\d+(\.\d+)?|-?\.\d+", s):
+        if _DECIMAL.fullmatch(s):
             return Fraction(s)
-        m = re.fullmatch(r"(-?\d+)/(-?\d+)", s)
+        m = _RATIO.fullmatch(s)
         if m and int(m.group(2)) != 0:
             return Fraction(int(m.group(1)), int(m.group(2)))
         m = _FRAC.match(s)
