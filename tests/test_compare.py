@@ -197,6 +197,22 @@ def test_html_page_in_a_real_browser(arms, tmp_path):
 
 # -- trainer_state.json, CSV, TensorBoard ------------------------------------------------------------------------
 
+def test_a_report_file_that_cannot_be_written_is_one_line_and_exit_2(arms, tmp_path):
+    missing = tmp_path / "no-such-dir"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_MONITOR_")}
+    runs = [
+        (cli(*arms, "--html", missing / "c.html"), "c.html", "HTML comparison"),
+        *[(subprocess.run([sys.executable, "-m", "grpo_monitor", "analyze", str(arms[0]), flag, str(missing / name)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300), name, what)
+          for flag, name, what in (("--markdown", "r.md", "Markdown report"), ("--html", "r.html", "HTML report"))],
+    ]
+    for out, name, what in runs:
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert out.stderr.strip().splitlines()[-1] == \
+            f"grpo-monitor: {missing / name}: cannot write the {what} (No such file or directory)"
+        assert out.stdout  # the report asked for on stdout is out all the same
+
+
 def write_trainer_state(path: Path, case: str, batch: int) -> Path:
     history = [{"step": s, **{k: v for k, v in m.items() if v is not None}} for s, m in steps_of(case)]
     path.parent.mkdir(parents=True, exist_ok=True)

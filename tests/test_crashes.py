@@ -78,6 +78,21 @@ OSError: We couldn't connect to 'https://huggingface.co' to load this file, coul
 [rank0]:     raise ValueError(
 [rank0]: ValueError: Must flatten tensors with uniform dtype but got torch.bfloat16 and torch.float32
 """,
+    "fp16_loss_scale_at_minimum": """\
+  File "/usr/local/lib/python3.10/site-packages/deepspeed/runtime/fp16/loss_scaler.py", line 183, in update_scale
+    raise Exception(
+Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.
+""",
+    "non_finite_gradient": """\
+  File "/usr/local/lib/python3.7/site-packages/torch/functional.py", line 1336, in norm
+    return _VF.frobenius_norm(input, _dim, keepdim=keepdim)
+RuntimeError: Function 'MulBackward0' returned nan values in its 0th output.
+""",
+    "deepspeed_batch_mismatch": """\
+[rank0]:   File "/usr/local/lib/python3.10/site-packages/deepspeed/runtime/config.py", line 891, in _batch_assertion
+[rank0]:     assert train_batch == micro_batch * grad_acc * self.world_size, (
+[rank0]: AssertionError: Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size 8 != 2 * 1 * 1 
+""",
     "vllm_engine_failed": """\
 (APIServer pid=1179246)   File "/home/ss345/vllm/vllm/v1/engine/utils.py", line 759, in wait_for_engine_startup
 (APIServer pid=1179246)     raise RuntimeError("Engine core initialization failed. "
@@ -127,10 +142,31 @@ def test_only_the_end_of_a_huge_log_is_read():
     assert read_crash(TRACEBACKS["dataloader_worker_killed"] + "{'loss': 0.1}\n" * 20_000) is None
 
 
-def analyze(path, *args):
+def analyze(*args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_MONITOR_")}
-    return subprocess.run([sys.executable, "-m", "grpo_monitor", "analyze", str(path), *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "grpo_monitor", "analyze", *map(str, args)], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=300)
+
+
+def test_analyze_names_every_catalogued_crash_a_console_log_ends_in(tmp_path):
+    paths = {}
+    for crash_id, tail in TRACEBACKS.items():
+        paths[crash_id] = tmp_path / f"{crash_id}.log"
+        paths[crash_id].write_text(trl_log(tail=tail), encoding="utf-8")
+    page = tmp_path / "report.html"
+    out = analyze(*paths.values(), "--json", "--html", page)
+    assert out.returncode == 1, out.stderr[-2000:]
+    runs = json.loads(out.stdout)["runs"]
+    html = page.read_text(encoding="utf-8")
+    assert len(runs) == len(TRACEBACKS)
+    for run, (crash_id, path) in zip(runs, paths.items()):
+        found = [f for f in run["findings"] if f["detector"] == "crash"]
+        line_no = read_crash(path.read_text()).line_no
+        assert [f["evidence"]["cause"] for f in found] == [crash_id], (crash_id, found)
+        assert found[0]["evidence"]["at"] == f"{path}:{line_no}" and run["verdict"] == "critical"
+        assert f"The run crashed ({crash_id})" in html and crash(crash_id).cite in html
+        # A console log with no config: the generic memory levers, no ladder claimed to fit this run.
+        assert "ladder" not in found[0]["evidence"]
 
 
 @pytest.mark.parametrize("crash_id", ["cuda_oom_generation", "nccl_watchdog_timeout", "disk_full_on_save"])
@@ -149,3 +185,52 @@ def test_analyze_of_a_console_log_ending_in_a_crash_names_it(tmp_path, crash_id)
     assert ev["cause"] == crash_id and ev["at"] == f"{path}:{line_no}" and ev["source"] == crash(crash_id).cite
     assert ev["line"] == path.read_text().splitlines()[line_no - 1].strip()[:300]
     assert found[0]["step"] == 30
+
+
+OOM_IN_TRAINING = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which "
+                   "1.19 GiB is free. Of the allocated memory 75.02 GiB is allocated by PyTorch.")
+
+
+def test_a_run_that_crashes_under_the_monitor_gets_the_fix_sized_from_its_own_config(tmp_path):
+    """A real GRPOTrainer with the monitor attached stops at step 4 with torch's out-of-memory error. No GPU
+    runs here, so the error is raised by a callback with the text torch prints (the one stand-in); the rest is
+    the real path: the run log's note records the crash read from the exception, and analyze of the run
+    directory names it with the memory ladder for the settings its header recorded."""
+    import torch
+    import transformers
+    from transformers import TrainerCallback
+
+    from grpo_monitor import attach
+    from grpo_monitor.app.demo import build_trainer, demo_config
+    from grpo_monitor.core.runlog import read_run
+    from grpo_monitor.detectors.memory_pressure import ladder_text, memory_ladder
+
+    class OutOfMemoryAt4(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 4:
+                raise torch.OutOfMemoryError(OOM_IN_TRAINING)
+
+    transformers.logging.set_verbosity_error()
+    trainer = build_trainer(demo_config(str(tmp_path / "trainer"), 8, disable_tqdm=True))
+    trainer.add_callback(OutOfMemoryAt4())
+    run_dir = tmp_path / "grpo-monitor"
+    attach(trainer, str(run_dir))
+    with pytest.raises(torch.OutOfMemoryError):
+        trainer.train()
+    log = read_run(run_dir)
+    [note] = [n for n in log.notes if n.get("event") == "interrupted"]
+    assert note["crash"]["id"] == "cuda_oom_training" and note["crash"]["line"].endswith(OOM_IN_TRAINING)
+    ladder = memory_ladder(log.header["config"])
+    assert [r["remedy"] for r in ladder][:1] == ["gradient_checkpointing"]
+    [batch] = [r["overrides"] for r in ladder if r["remedy"] == "smaller_micro_batch"]
+    assert batch["per_device_train_batch_size"] == 4 and batch["gradient_accumulation_steps"] == 2  # the demo's 8 x 1
+
+    out = analyze(run_dir, "--json")
+    assert out.returncode == 1, out.stderr[-2000:]
+    [found] = [f for f in json.loads(out.stdout)["runs"][0]["findings"] if f["detector"] == "crash"]
+    assert found["severity"] == "critical" and found["evidence"]["cause"] == "cuda_oom_training"
+    assert found["evidence"]["at"] == "the OutOfMemoryError that stopped the run after step 3"
+    assert found["evidence"]["ladder"] == ladder
+    text = analyze(run_dir).stdout
+    assert f"for this run's settings, one rung at a time: {ladder_text(ladder)}" in text
+    assert "per_device_train_batch_size=4" in text and "gradient_accumulation_steps=2" in text

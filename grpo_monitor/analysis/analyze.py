@@ -257,14 +257,17 @@ def _report(label: str, src: Any, logged: list[str], plan: _Plan, path: Any,
 
 
 def _crash_findings(src: Any, path: Any) -> list[Any]:
-    """The crash a log ends in (``core.crashes``), as a critical finding at its last logged step."""
+    """The crash a log ends in (``core.crashes``), as a critical finding at its last logged step, its
+    memory fix sized from the run's config where a reader found one."""
     from grpo_monitor.core.crashes import crash_finding
 
     crashed = (getattr(src, "meta", None) or {}).get("crash")
     if not crashed:
         return []
     last = src.steps[-1][0] if src.steps else 0
-    return [crash_finding(crashed, last, str(getattr(src, "path", "") or path or ""))]
+    config = getattr(getattr(src, "context", None), "config", None)
+    return [crash_finding(crashed, last, str(getattr(src, "path", "") or path or ""),
+                          dict(config) if isinstance(config, Mapping) else None)]
 
 
 def _finding_samples(findings: list[Any], src: Any) -> list[list[dict[str, Any]]] | None:

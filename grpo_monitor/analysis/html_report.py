@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import io
 import json
-import os
 import re
 from typing import Any
 
@@ -195,10 +194,3 @@ def render_html(report: Report, title: str = "grpo-monitor report") -> str:
 # (``url(#id)``, the SVG's clip paths, points into the page itself.)
 FETCHING = re.compile(r"<script|<link|<img|<iframe|@import|url\(\s*[\"']?(?!#)|(?:src|href)\s*=\s*[\"']?(?:https?:)?//",
                       re.I)
-
-
-def write_html(report: Report, path: str | os.PathLike[str]) -> None:
-    text = render_html(report)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-

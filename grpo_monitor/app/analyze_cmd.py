@@ -79,20 +79,28 @@ def run_cli(paths: Sequence[str], options: AnalyzeOptions, *, as_json: bool = Fa
         print(json_text(report))
     else:
         sys.stdout.write(render_text(report))
-    if markdown:
-        with open(markdown, "w", encoding="utf-8") as fh:
-            fh.write(render_markdown(report))
+    if markdown and not write_page(markdown, render_markdown(report), "Markdown report"):
+        return ExitCode.BAD_INPUT
     if html:
-        from grpo_monitor.analysis.html_report import write_html
+        from grpo_monitor.analysis.html_report import render_html
 
-        try:
-            write_html(report, html)
-        except OSError as exc:
-            print(f"grpo-monitor: {html}: cannot write the HTML report ({exc.strerror or exc})", file=sys.stderr)
+        if not write_page(html, render_html(report), "HTML report"):
             return ExitCode.BAD_INPUT
     if on_report is not None:
         on_report(report)
     return report.exit_code
+
+
+def write_page(path: str, text: str, what: str) -> bool:
+    """Write a report file the verb was asked for; where it cannot be, one line on stderr naming the file
+    and why, and False (the report already printed stays as it is)."""
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        print(f"grpo-monitor: {path}: cannot write the {what} ({exc.strerror or exc})", file=sys.stderr)
+        return False
+    return True
 
 
 def _say(line: str, progress: Progress) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from grpo_monitor.analysis.analyze import AnalyzeOptions, analyze
 from grpo_monitor.analysis.compare import Comparison, CompareError, compare
-from grpo_monitor.app.analyze_cmd import _json_default
+from grpo_monitor.app.analyze_cmd import _json_default, write_page
 from grpo_monitor.core.exit_codes import ExitCode
 
 
@@ -51,10 +51,6 @@ def run_cli(paths: Sequence[str], options: AnalyzeOptions, *, as_json: bool = Fa
     if html:
         from grpo_monitor.analysis.compare_render import render_compare_html
 
-        try:
-            with open(html, "w", encoding="utf-8") as fh:
-                fh.write(render_compare_html(cmp))
-        except OSError as exc:
-            print(f"grpo-monitor: {html}: cannot write the HTML comparison ({exc.strerror or exc})", file=sys.stderr)
+        if not write_page(html, render_compare_html(cmp), "HTML comparison"):
             return ExitCode.BAD_INPUT
     return ExitCode.CLEAN

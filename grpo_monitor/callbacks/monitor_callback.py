@@ -20,6 +20,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +37,7 @@ from grpo_monitor.callbacks.rank_exchange import RankExchange
 from grpo_monitor.callbacks.restart_policy import Halt, RestartPolicy
 from grpo_monitor.callbacks.reward_tap import RewardTap
 from grpo_monitor.callbacks.tensorboard_mirror import TensorBoardMirror
+from grpo_monitor.core.crashes import read_crash
 from grpo_monitor.core.device import combine_ranks
 from grpo_monitor.core.metrics import SUMMARY_KEYS, normalize_metrics
 from grpo_monitor.core.recommend import title as rec_title
@@ -407,8 +409,13 @@ class MonitorCallback(TrainerCallback):
             message = (f"the run was {how} after step {logged}, the last it logged, before its end" if logged >= 0
                        else f"the run was {how} before its first logged step")
             if main and self.writer is not None:
-                self.writer.write({"type": "note", "step": step, "level": "warning", "event": "interrupted",
-                                   "exception": type(exc).__name__, "message": message})
+                note = {"type": "note", "step": step, "level": "warning", "event": "interrupted",
+                        "exception": type(exc).__name__, "message": message}
+                crashed = read_crash("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+                if crashed is not None:  # analyze names the cause and sizes the fix from the header's config
+                    note["crash"] = {**crashed.to_dict(), "at": f"the {type(exc).__name__} that stopped the run"
+                                     + (f" after step {logged}" if logged >= 0 else " before its first logged step")}
+                self.writer.write(note)
                 logger.warning("grpo-monitor: %s; the run log keeps every step up to it (%s): grpo-monitor analyze "
                                "%s reports it as interrupted", message, self.run_dir / "run.jsonl", self.run_dir)
         except Exception as err:  # saying so must never hide the interruption itself

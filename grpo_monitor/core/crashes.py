@@ -41,6 +41,7 @@ class Crash:
     fix: str
     cite: str
     frames: re.Pattern[str] | None = None
+    memory: bool = False  # the training side's memory ran out: the run's own memory ladder applies
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ CATALOGUE: tuple[Crash, ...] = (
           "KV cache could be allocated.",
           "raise vllm_gpu_memory_utilization; colocated, also enable vllm_enable_sleep_mode=True and lower the "
           "training side (" + _MEMORY_LEVERS + "), or run vLLM in server mode on a GPU of its own",
-          "https://github.com/gensyn-ai/rl-swarm/issues/118"),
+          "https://github.com/gensyn-ai/rl-swarm/issues/118", memory=True),
     Crash("cuda_oom_generation", _re(_OOM),
           "The GPU ran out of memory while generating completions (the rollout's KV cache and logits grow with "
           "num_generations x max_completion_length).",
@@ -85,12 +86,12 @@ CATALOGUE: tuple[Crash, ...] = (
           "steps_per_generation), or generate with vLLM (use_vllm=True) and size its share "
           "(vllm_gpu_memory_utilization); " + _MEMORY_LEVERS,
           "https://github.com/huggingface/trl/issues/3172",
-          frames=_re(r"\bgenerate\b|_generate|/vllm/|sampler\.py|generation/utils\.py")),
+          frames=_re(r"\bgenerate\b|_generate|/vllm/|sampler\.py|generation/utils\.py"), memory=True),
     Crash("cuda_oom_training", _re(_OOM),
           "The GPU ran out of memory in the training step (the forward/backward pass or the optimizer step).",
           _MEMORY_LEVERS + "; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True when much memory is reserved "
           "but unallocated",
-          "https://github.com/PeterGriffinJin/Search-R1/issues/112"),
+          "https://github.com/PeterGriffinJin/Search-R1/issues/112", memory=True),
     Crash("nccl_watchdog_timeout",
           _re(r"Watchdog caught collective operation timeout: WorkNCCL\([^\n]{0,300}\) ran for \d+ milliseconds "
               r"before timing out"),
@@ -145,6 +146,32 @@ CATALOGUE: tuple[Crash, ...] = (
           "fsdp_use_orig_params / FSDP_CPU_RAM_EFFICIENT_LOADING=1 as the accelerate config allows, or train "
           "adapters with DeepSpeed ZeRO instead",
           "https://github.com/huggingface/trl/issues/1723"),
+    Crash("fp16_loss_scale_at_minimum",
+          _re(r"Current loss scale already at minimum - cannot decrease scale anymore\. Exiting run\."),
+          "DeepSpeed's fp16 loss scaler met overflowing (inf/NaN) gradients step after step until the scale could "
+          "not go lower: the loss or its gradients are no longer finite in fp16.",
+          "train in bf16 (bf16=True, fp16=False) where the GPU has it; otherwise lower learning_rate, keep "
+          "max_grad_norm=1.0, and resume from the checkpoint before the loss or grad_norm went non-finite; "
+          "raise_error_at_min_scale=false in the DeepSpeed config only skips the bad steps",
+          "https://github.com/modelscope/ms-swift/issues/4374"),
+    Crash("non_finite_gradient",
+          _re(r"Function '\w+' returned nan values in its \d+(?:st|nd|rd|th) output\.?"),
+          "Autograd's anomaly mode stopped the run at the first backward function that produced NaN: the loss or "
+          "an activation went non-finite (log of zero probability, an fp16 overflow, a diverged update).",
+          "the function named says where: a log-softmax or log-probability points at the policy's logits; lower "
+          "learning_rate, keep max_grad_norm=1.0, train in bf16 rather than fp16, and resume from the checkpoint "
+          "before grad_norm went non-finite; anomaly mode slows every step: switch it off once found",
+          "https://github.com/pytorch/pytorch/issues/51196"),
+    Crash("deepspeed_batch_mismatch",
+          _re(r"Check batch related parameters\. train_batch_size is not equal to micro_batch_per_gpu \* "
+              r"gradient_acc_step \* world_size ?\d+ != \d+ \* \d+ \* \d+"),
+          "DeepSpeed refused its config at start-up: the batch sizes in the DeepSpeed JSON disagree with "
+          "per_device_train_batch_size x gradient_accumulation_steps x the number of processes the launcher "
+          "started.",
+          "set train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps to \"auto\" in the "
+          "DeepSpeed config so the Trainer fills them from GRPOConfig, and launch as many processes as the "
+          "config was written for (accelerate's num_processes)",
+          "https://github.com/deepspeedai/DeepSpeed/issues/6914"),
     Crash("vllm_engine_failed",
           _re(r"Engine core initialization failed\. See root cause above|EngineDeadError[^\n]{0,200}|"
               r"EngineCore failed to start"),
@@ -185,13 +212,23 @@ def read_crash(text: str) -> CrashMatch | None:
     return None
 
 
-def crash_finding(match: CrashMatch | dict[str, Any], step: int, file: str = "") -> Any:
+def crash_finding(match: CrashMatch | dict[str, Any], step: int, file: str = "",
+                  config: dict[str, Any] | None = None) -> Any:
     """The run's finding for a crash its log ends in: critical (the run stopped), the cause, the line it was
-    read from and the fix."""
+    read from and the fix. Where memory ran out and the run's config is known, the fix goes on with the
+    memory ladder for that config (``detectors.memory_pressure.memory_ladder``): the settings to change, in
+    order, with the values this run would take."""
     from grpo_monitor.detectors.base import Finding
+    from grpo_monitor.detectors.memory_pressure import ladder_text, memory_ladder
 
     m = match.to_dict() if isinstance(match, CrashMatch) else dict(match)
-    where = f"{file}:{m['line_no']}" if file else f"line {m['line_no']}"
-    return Finding("crash", "critical", int(step), None, None, {},
-                   {"cause": m["id"], "line": m["line"], "at": where, "source": m["cite"]},
-                   f"The run crashed ({m['id']}): {m['cause']} Read at {where}: {m['line']!r}. Fix: {m['fix']}.")
+    where = m.get("at") or (f"{file}:{m['line_no']}" if file else f"line {m['line_no']}")
+    evidence = {"cause": m["id"], "line": m["line"], "at": where, "source": m["cite"]}
+    fix = m["fix"]
+    known = _BY_ID.get(m["id"])
+    ladder = memory_ladder(config) if config and known is not None and known.memory else []
+    if ladder:
+        evidence["ladder"] = ladder
+        fix += f"; for this run's settings, one rung at a time: {ladder_text(ladder)}"
+    return Finding("crash", "critical", int(step), None, None, {}, evidence,
+                   f"The run crashed ({m['id']}): {m['cause']} Read at {where}: {m['line']!r}. Fix: {fix}.")

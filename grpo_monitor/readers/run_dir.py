@@ -39,6 +39,10 @@ def read_run_dir(path: Path) -> Source:
     finish(src, table)
     src.samples = StepSamples(index)  # type: ignore[assignment]
     src.context = context_from_header(log.header)
+    crashed = next((n["crash"] for n in reversed(log.notes)
+                    if n.get("event") == "interrupted" and isinstance(n.get("crash"), dict)), None)
+    if crashed is not None and all(isinstance(crashed.get(k), str) for k in ("id", "cause", "fix", "cite", "line", "at")):
+        src.meta["crash"] = crashed  # the exception the training loop left with, read when it happened
     if log.header_count > 1:
         src.parts = runs_written_twice(src)
     return src
