@@ -169,6 +169,16 @@ def test_analyze_names_every_catalogued_crash_a_console_log_ends_in(tmp_path):
         assert "ladder" not in found[0]["evidence"]
 
 
+def test_watch_of_a_console_log_ending_in_a_crash_shows_the_finding_analyze_gives(tmp_path):
+    from grpo_monitor.app.dashboard.app import replay_source
+
+    path = tmp_path / "train.log"
+    path.write_text(trl_log(tail=TRACEBACKS["dataloader_worker_killed"]), encoding="utf-8")
+    shown = [r for r in replay_source(path) if r.get("type") == "finding" and r.get("detector") == "crash"]
+    [found] = [f for f in json.loads(analyze(path, "--json").stdout)["runs"][0]["findings"] if f["detector"] == "crash"]
+    assert [r["message"] for r in shown] == [found["message"]]
+
+
 @pytest.mark.parametrize("crash_id", ["cuda_oom_generation", "nccl_watchdog_timeout", "disk_full_on_save"])
 def test_analyze_of_a_console_log_ending_in_a_crash_names_it(tmp_path, crash_id):
     path = tmp_path / "train.log"
@@ -231,6 +241,13 @@ def test_a_run_that_crashes_under_the_monitor_gets_the_fix_sized_from_its_own_co
     assert found["severity"] == "critical" and found["evidence"]["cause"] == "cuda_oom_training"
     assert found["evidence"]["at"] == "the OutOfMemoryError that stopped the run after step 3"
     assert found["evidence"]["ladder"] == ladder
+    # watch: the dashboard's model, fed the run log as its tailer feeds it, shows the same finding.
+    from grpo_monitor.app.dashboard.model import RunModel
+
+    model = RunModel()
+    model.ingest(json.loads(line) for line in (run_dir / "run.jsonl").read_text().splitlines())
+    [live] = [f for f in model.findings if f.get("detector") == "crash"]
+    assert live["message"] == found["message"] and live["step"] == found["step"] == 3
     text = analyze(run_dir).stdout
     assert f"for this run's settings, one rung at a time: {ladder_text(ladder)}" in text
     assert "per_device_train_batch_size=4" in text and "gradient_accumulation_steps=2" in text

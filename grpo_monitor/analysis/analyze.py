@@ -226,7 +226,7 @@ def _report(label: str, src: Any, logged: list[str], plan: _Plan, path: Any,
     if loss is not None and status != "incomplete":  # else the status says it
         warnings.insert(0, loss.line(len(src.steps)))
     origin = config_from(src)
-    shown = config_findings(src) + findings + _crash_findings(src, path)
+    shown = config_findings(src) + findings + crash_findings(src, path)
     return RunReport(
         source=label,
         format=src.format,
@@ -256,7 +256,7 @@ def _report(label: str, src: Any, logged: list[str], plan: _Plan, path: Any,
     )
 
 
-def _crash_findings(src: Any, path: Any) -> list[Any]:
+def crash_findings(src: Any, path: Any) -> list[Any]:
     """The crash a log ends in (``core.crashes``), as a critical finding at its last logged step, its
     memory fix sized from the run's config where a reader found one."""
     from grpo_monitor.core.crashes import crash_finding

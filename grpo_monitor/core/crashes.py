@@ -212,6 +212,18 @@ def read_crash(text: str) -> CrashMatch | None:
     return None
 
 
+def recorded_crash(note: Any) -> dict[str, Any] | None:
+    """The crash a run log's ``interrupted`` note carries (``MonitorCallback.interrupted`` reads it from the
+    exception the run stopped with), or None: a note of another kind, or one whose crash lacks a field."""
+    if not isinstance(note, dict) or note.get("event") != "interrupted":
+        return None
+    crashed = note.get("crash")
+    if isinstance(crashed, dict) and all(isinstance(crashed.get(k), str)
+                                         for k in ("id", "cause", "fix", "cite", "line", "at")):
+        return crashed
+    return None
+
+
 def crash_finding(match: CrashMatch | dict[str, Any], step: int, file: str = "",
                   config: dict[str, Any] | None = None) -> Any:
     """The run's finding for a crash its log ends in: critical (the run stopped), the cause, the line it was

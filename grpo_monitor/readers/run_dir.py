@@ -19,6 +19,7 @@ def read_run_dir(path: Path) -> Source:
     reaches it (``StepSamples``), so a long run's samples are never all in memory. A line that is
     not a record is left out and counted (``skipped_records``); the rest of the run is read.
     """
+    from grpo_monitor.core.crashes import recorded_crash
     from grpo_monitor.core.runlog import RunLogError, read_run
     from grpo_monitor.core.sample_index import SampleIndex, StepSamples
 
@@ -39,9 +40,8 @@ def read_run_dir(path: Path) -> Source:
     finish(src, table)
     src.samples = StepSamples(index)  # type: ignore[assignment]
     src.context = context_from_header(log.header)
-    crashed = next((n["crash"] for n in reversed(log.notes)
-                    if n.get("event") == "interrupted" and isinstance(n.get("crash"), dict)), None)
-    if crashed is not None and all(isinstance(crashed.get(k), str) for k in ("id", "cause", "fix", "cite", "line", "at")):
+    crashed = next(filter(None, map(recorded_crash, reversed(log.notes))), None)
+    if crashed is not None:
         src.meta["crash"] = crashed  # the exception the training loop left with, read when it happened
     if log.header_count > 1:
         src.parts = runs_written_twice(src)

@@ -58,6 +58,7 @@ def replay_source(path: str | Path, warnings: list[str] | None = None) -> list[d
 
     Raises ``grpo_monitor.readers.SourceError`` (one line) when the path is not a readable log.
     """
+    from grpo_monitor.analysis.analyze import crash_findings
     from grpo_monitor.readers import load_source
 
     src = load_source(path)
@@ -87,6 +88,7 @@ def replay_source(path: str | Path, warnings: list[str] | None = None) -> list[d
         records += [dict(r) for r in (*run.samples, *run.findings, *run.recommendations, *run.restarts)]
         if run.summary:
             records.append(dict(run.summary))
+        records.extend({"type": "finding", **f.to_dict()} for f in crash_findings(src, path))
         return records
     from grpo_monitor.analysis.prepare import names_with_values, prepare_names
     from grpo_monitor.analysis.replay import replay_session, session_coverage
@@ -102,6 +104,7 @@ def replay_source(path: str | Path, warnings: list[str] | None = None) -> list[d
         records.extend(out.recommendations)  # the same recommendations the live monitor and `analyze` give
 
     session = replay_session(src, each=each)
+    records.extend({"type": "finding", **f.to_dict()} for f in crash_findings(src, path))
     # What could judge the run, as `analyze` reports it: the board shows a detector without its inputs as such.
     records.append({"type": "coverage", "coverage": session_coverage(session, src, names_with_values(src.steps, logged))})
     return records
