@@ -345,14 +345,13 @@ class RunModel:
             elif kind == "note":
                 self.notes.append(dict(rec))
                 changed.add("notes")
+                step = rec.get("step")
                 crashed = recorded_crash(rec)
                 if crashed is not None:  # the finding analyze gives the same run
-                    step = rec.get("step")
                     last = int(self.last_step["step"]) if self.last_step else (step if type(step) is int else 0)
                     self.findings.append({"type": "finding", **crash_finding(crashed, last, config=self.config).to_dict()})
                     changed.add("findings")
                 if rec.get("level") == "warning" and isinstance(rec.get("message"), str):
-                    step = rec.get("step")
                     self.warn([f"{'step ' + str(step) + ': ' if type(step) is int else ''}{rec['message']}"])
                     changed.add("header")
         flush()
